@@ -1,0 +1,25 @@
+"""``agentrl plan CONFIG``: print the batch accounting, or why the config cannot run."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "Print how a config's batch knobs turn collections into optimizer updates."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments: the config file and ``--set`` overrides."""
+    parser.add_argument("config", help="TOML config file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE", help="override one setting (repeatable)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load and validate the config, then print the plan."""
+    from agentrl.accounting import describe_plan, plan_batches
+    from agentrl.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    print(f"{args.config}: valid")
+    print(describe_plan(plan_batches(config)))
+    return 0

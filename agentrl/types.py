@@ -1,0 +1,114 @@
+"""The data that flows between stages: messages, segments, rollouts, rows, groups.
+
+Vocabulary (one meaning each, as in docs/architecture.md):
+
+- *rollout*: one attempt of the policy at one task; it has exactly one reward.
+- *segment*: a stretch of a rollout that the engine saw as one growing context. A
+  rollout whose context was compacted has several segments.
+- *row*: a segment as training data, carrying a copy of its rollout's reward.
+- *group*: the rollouts of one task whose rewards are compared (the GRPO baseline).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Message(msgspec.Struct, omit_defaults=True):
+    """One chat message: what environments emit and chat templates render."""
+
+    role: str
+    """"system", "user", "assistant" or "tool"."""
+    content: str = ""
+    name: str | None = None
+    """The tool's name, on a "tool" message."""
+
+
+class Segment(msgspec.Struct):
+    """Tokens of one context as the engine saw it, in order.
+
+    ``token_ids[:num_prompt_tokens]`` is exactly the prompt the engine received when
+    the segment started (for a compacted segment: the compacted context). After it
+    come generated tokens (``loss_mask`` 1) interleaved with tokens the environment
+    appended between turns (``loss_mask`` 0).
+    """
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    """Behaviour log-probs from the inference engine; 0.0 where loss_mask is 0."""
+    num_prompt_tokens: int
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Tokens the policy produced in this segment."""
+        return sum(self.loss_mask)
+
+
+class RolloutStats(msgspec.Struct, omit_defaults=True):
+    """What happened during one rollout, for metrics and debugging."""
+
+    num_turns: int = 0
+    num_compactions: int = 0
+    num_generated_tokens: int = 0
+    truncated: bool = False
+    """The rollout hit a turn or token limit before the environment ended it."""
+    error: str | None = None
+    """Why the rollout is invalid (environment crash, timeout, ...); None when it is fine."""
+    tool_errors: dict[str, int] = {}
+    """Counts of tool-call failures by kind (malformed_json, unknown_tool, timeout, ...)."""
+
+
+class Rollout(msgspec.Struct):
+    """One attempt at one task: one reward, one validity, one or more segments."""
+
+    rollout_id: str
+    group_id: str
+    env: str
+    segments: list[Segment]
+    reward: float
+    valid: bool = True
+    stats: RolloutStats = msgspec.field(default_factory=RolloutStats)
+    reward_components: dict[str, float] = {}
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Tokens the policy produced over all segments."""
+        return sum(segment.num_generated_tokens for segment in self.segments)
+
+
+class Group(msgspec.Struct):
+    """The rollouts of one task, compared with each other for the baseline."""
+
+    group_id: str
+    env: str
+    rollouts: list[Rollout]
+
+    @property
+    def is_uniform(self) -> bool:
+        """True when every valid rollout has the same reward: the group has no signal."""
+        rewards = {r.reward for r in self.rollouts if r.valid}
+        return len(rewards) <= 1
+
+
+class Row(msgspec.Struct):
+    """One trainable row: a segment plus a copy of its rollout's reward."""
+
+    rollout_id: str
+    group_id: str
+    env: str
+    segment: int
+    """Index of the segment within its rollout (0 for the first)."""
+    token_ids: list[int]
+    loss_mask: list[int]
+    """1 on tokens the policy generated in this row."""
+    logprobs: list[float]
+    """Behaviour log-probs; 0.0 where loss_mask is 0."""
+    reward: float
+    valid: bool = True
+    num_prompt_tokens: int = 0
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Tokens the policy produced in this row."""
+        return sum(self.loss_mask)
