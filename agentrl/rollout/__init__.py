@@ -1,0 +1,1 @@
+"""Generating rollouts: inference engines, the multi-turn runner, compaction, dynamic sampling."""
