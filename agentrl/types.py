@@ -38,6 +38,8 @@ class Segment(msgspec.Struct):
     logprobs: list[float]
     """Behaviour log-probs from the inference engine; 0.0 where loss_mask is 0."""
     num_prompt_tokens: int
+    valid: bool = True
+    """False when something went wrong inside this segment; masks the whole rollout."""
 
     @property
     def num_generated_tokens(self) -> int:

@@ -1,0 +1,99 @@
+"""Step metadata: what one step trained on, counted in groups, rollouts, rows and tokens.
+
+Every count is given overall and per environment, because the environments of a mix
+learn at different speeds and a single average hides that.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import msgspec
+
+from agentrl.types import Rollout
+
+
+class Counts(msgspec.Struct):
+    """Counts for one environment or for the whole step."""
+
+    num_groups: int = 0
+    num_rollouts: int = 0
+    num_rows: int = 0
+    num_sampled_tokens: int = 0
+    """Tokens the policy generated, valid rollouts or not."""
+    num_trainable_tokens: int = 0
+    """Generated tokens of valid rollouts: the loss normalizer N of the step."""
+    num_uniform_groups: int = 0
+    """Groups whose valid rollouts all have the same reward (no GRPO signal)."""
+    num_invalid_rollouts: int = 0
+    reward_sum: float = 0.0
+
+    @property
+    def mixed_group_fraction(self) -> float:
+        """Share of groups whose rewards differ: the part of the batch that teaches."""
+        if not self.num_groups:
+            return 0.0
+        return (self.num_groups - self.num_uniform_groups) / self.num_groups
+
+    @property
+    def reward_mean(self) -> float:
+        """Mean reward over rollouts (each rollout once, whatever its rows)."""
+        return self.reward_sum / self.num_rollouts if self.num_rollouts else 0.0
+
+    def add(self, other: Counts) -> None:
+        """Accumulate another environment's counts into this one."""
+        for field in self.__struct_fields__:
+            setattr(self, field, getattr(self, field) + getattr(other, field))
+
+    def as_dict(self, prefix: str = "") -> dict[str, float]:
+        """Flat metric names → values, with derived figures."""
+        out: dict[str, float] = {f"{prefix}{f}": getattr(self, f) for f in self.__struct_fields__
+                                 if f != "reward_sum"}
+        out[f"{prefix}mixed_group_fraction"] = self.mixed_group_fraction
+        out[f"{prefix}reward/mean"] = self.reward_mean
+        return out
+
+
+class StepStats(msgspec.Struct):
+    """One step's counts, overall and per environment."""
+
+    step: int
+    total: Counts
+    per_env: dict[str, Counts]
+
+    def to_flat_dict(self) -> dict[str, float]:
+        """`num_rollouts`, `reward/mean`, `env/<name>/num_rollouts`, … for the metrics log."""
+        flat: dict[str, float] = {"step": self.step, **self.total.as_dict()}
+        for name, counts in sorted(self.per_env.items()):
+            flat.update(counts.as_dict(prefix=f"env/{name}/"))
+        return flat
+
+    def to_json_line(self) -> str:
+        """One JSON line, as written to metrics.jsonl."""
+        return msgspec.json.encode(self.to_flat_dict()).decode()
+
+
+def step_stats(step: int, rollouts: Sequence[Rollout]) -> StepStats:
+    """Count what a step's rollouts hold, overall and per environment."""
+    per_env: dict[str, Counts] = defaultdict(Counts)
+    groups: dict[str, list[Rollout]] = defaultdict(list)
+    for rollout in rollouts:
+        groups[rollout.group_id].append(rollout)
+        valid = rollout.valid and all(s.valid for s in rollout.segments)
+        counts = per_env[rollout.env]
+        counts.num_rollouts += 1
+        counts.num_rows += len(rollout.segments)
+        counts.num_sampled_tokens += rollout.num_generated_tokens
+        counts.num_trainable_tokens += rollout.num_generated_tokens if valid else 0
+        counts.num_invalid_rollouts += 0 if valid else 1
+        counts.reward_sum += rollout.reward
+    for members in groups.values():
+        counts = per_env[members[0].env]
+        counts.num_groups += 1
+        valid_rewards = {r.reward for r in members if r.valid and all(s.valid for s in r.segments)}
+        counts.num_uniform_groups += len(valid_rewards) <= 1
+    total = Counts()
+    for counts in per_env.values():
+        total.add(counts)
+    return StepStats(step=step, total=total, per_env=dict(per_env))

@@ -1,0 +1,73 @@
+"""Rollouts → rows: the rollout's one reward is copied onto every row it was split into.
+
+Compaction cuts a long rollout into several segments; each becomes a trainable row.
+The copies of the reward must agree and a rollout is only as valid as its worst row;
+``check_reward_copies`` and ``rollout_validity`` state those two rules for any list of rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from agentrl.types import Rollout, Row
+
+
+class RewardMismatchError(ValueError):
+    """The reward copies of one rollout disagree: training on them would be wrong."""
+
+
+def to_rows(rollouts: Iterable[Rollout]) -> list[Row]:
+    """One row per segment, each carrying its rollout's reward and validity."""
+    rows = []
+    for rollout in rollouts:
+        valid = rollout.valid and all(segment.valid for segment in rollout.segments)
+        for index, segment in enumerate(rollout.segments):
+            rows.append(
+                Row(
+                    rollout_id=rollout.rollout_id,
+                    group_id=rollout.group_id,
+                    env=rollout.env,
+                    segment=index,
+                    token_ids=segment.token_ids,
+                    loss_mask=segment.loss_mask,
+                    logprobs=segment.logprobs,
+                    reward=rollout.reward,
+                    valid=valid,
+                    num_prompt_tokens=segment.num_prompt_tokens,
+                )
+            )
+    return rows
+
+
+def check_reward_copies(rows: Sequence[Row]) -> dict[str, float]:
+    """The one reward of each rollout; raises RewardMismatchError when copies disagree.
+
+    Also refuses a rollout whose rows name different groups or environments, since
+    the baseline would then be computed in the wrong place.
+    """
+    rewards: dict[str, float] = {}
+    owner: dict[str, tuple[str, str]] = {}
+    for row in rows:
+        seen = rewards.setdefault(row.rollout_id, row.reward)
+        if seen != row.reward:
+            values = sorted({r.reward for r in rows if r.rollout_id == row.rollout_id})
+            raise RewardMismatchError(
+                f"rollout {row.rollout_id!r} has rows with different rewards {values}; every "
+                "row of a rollout must carry the same copy of its one reward (a compaction "
+                "or reassembly bug upstream) — refusing to train on this batch"
+            )
+        place = owner.setdefault(row.rollout_id, (row.group_id, row.env))
+        if place != (row.group_id, row.env):
+            raise ValueError(
+                f"rollout {row.rollout_id!r} has rows in group/env {place} and "
+                f"{(row.group_id, row.env)}; a rollout belongs to exactly one group"
+            )
+    return rewards
+
+
+def rollout_validity(rows: Sequence[Row]) -> dict[str, bool]:
+    """Validity of each rollout: the minimum over its rows (one bad row masks it all)."""
+    valid: dict[str, bool] = {}
+    for row in rows:
+        valid[row.rollout_id] = valid.get(row.rollout_id, True) and row.valid
+    return valid
