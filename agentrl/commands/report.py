@@ -1,0 +1,146 @@
+"""``agentrl report RUN_DIR [RUN_DIR ...]``: learning curves of runs side by side, as a PNG.
+
+Validation accuracy (and training reward) against four budgets — cumulative rollouts,
+sampled tokens, optimizer updates, active phase time — so runs with different batch
+shapes compare on what they spent. With ``--target X`` each run's time-to-target bracket
+is printed and drawn: the first validation at or above X and the one before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+HELP = "Plot validation accuracy and reward of one or more runs against rollouts, tokens, " \
+       "updates and time; report time-to-target."
+
+X_AXES = (
+    ("cumulative/rollouts", "rollouts"),
+    ("cumulative/tokens", "sampled tokens"),
+    ("cumulative/updates", "optimizer updates"),
+    ("cumulative/active_s", "active phase time (s)"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments: run folders, target accuracy, output file."""
+    parser.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl)")
+    parser.add_argument("--target", type=float, default=None,
+                        help="accuracy target for the time-to-target bracket")
+    parser.add_argument("--metric", default="eval/accuracy",
+                        help="validation figure to plot (default: mean accuracy over envs)")
+    parser.add_argument("--out", default="report.png", help="PNG file to write")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read each run's metrics, print the brackets, draw the PNG."""
+    from agentrl.metric_writers import read_metrics
+
+    runs = {}
+    for folder in args.runs:
+        records = read_metrics(folder)
+        if not records:
+            raise ValueError(f"{folder} has no metrics.jsonl with steps; pass a run folder "
+                             "written by `agentrl train --out DIR`")
+        runs[_label(folder, runs)] = records
+    for name, records in runs.items():
+        print(describe_run(name, records, args.metric, args.target))
+    plot_runs(runs, args.metric, args.target, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _label(folder: str, taken: dict[str, Any]) -> str:
+    label = Path(folder).resolve().name
+    return label if label not in taken else f"{label} ({folder})"
+
+
+def eval_points(records: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """The steps that carry a validation figure, in step order."""
+    return [r for r in records if r.get(metric) is not None]
+
+
+def target_bracket(
+    records: list[dict[str, Any]], metric: str, target: float
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(last validation below target, first validation at or above it); None where absent.
+
+    The target was reached somewhere between the two: a run's time-to-target is known
+    only to within that bracket, since validations are spaced out.
+    """
+    before = None
+    for record in eval_points(records, metric):
+        if record[metric] >= target:
+            return before, record
+        before = record
+    return before, None
+
+
+def describe_run(name: str, records: list[dict[str, Any]], metric: str,
+                 target: float | None) -> str:
+    """A few lines: first/last validation, reward, and the time-to-target bracket."""
+    points = eval_points(records, metric)
+    lines = [f"{name}: {len(records)} steps"]
+    if points:
+        lines.append(f"  {metric}: {points[0][metric]:.3f} (step {points[0]['step']}) → "
+                     f"{points[-1][metric]:.3f} (step {points[-1]['step']})")
+    rewards = [r["reward/mean"] for r in records if r.get("reward/mean") is not None]
+    if rewards:
+        lines.append(f"  reward/mean: {rewards[0]:.3f} → {rewards[-1]:.3f}")
+    if target is not None:
+        before, after = target_bracket(records, metric, target)
+        if after is None:
+            lines.append(f"  target {target}: not reached")
+        else:
+            lines.append(f"  target {target}: reached between {_where(before)} and "
+                         f"{_where(after)}")
+    return "\n".join(lines)
+
+
+def _where(record: dict[str, Any] | None) -> str:
+    if record is None:
+        return "the start"
+    return (f"step {record['step']} ({record.get('cumulative/rollouts', 0)} rollouts, "
+            f"{record.get('cumulative/tokens', 0)} tokens, "
+            f"{record.get('cumulative/active_s', 0.0):.0f}s)")
+
+
+def plot_runs(runs: dict[str, list[dict[str, Any]]], metric: str, target: float | None,
+              out: str | Path) -> None:
+    """Two rows (validation, reward) × four budgets; one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(X_AXES), figsize=(4.2 * len(X_AXES), 7), squeeze=False)
+    for col, (x_key, x_label) in enumerate(X_AXES):
+        for name, records in runs.items():
+            _plot_metric(axes[0][col], records, x_key, metric, name, target)
+            _plot_metric(axes[1][col], records, x_key, "reward/mean", name, None)
+        axes[0][col].set_title(f"{metric} vs {x_label}", fontsize=9)
+        axes[1][col].set_title(f"training reward vs {x_label}", fontsize=9)
+        axes[1][col].set_xlabel(x_label)
+        if target is not None:
+            axes[0][col].axhline(target, color="grey", linestyle=":", linewidth=1)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _plot_metric(ax: Any, records: list[dict[str, Any]], x_key: str, y_key: str, name: str,
+                 target: float | None) -> None:
+    points = [r for r in records if r.get(y_key) is not None and r.get(x_key) is not None]
+    if not points:
+        return
+    (line,) = ax.plot([r[x_key] for r in points], [r[y_key] for r in points],
+                      marker="o" if y_key != "reward/mean" else None, markersize=3, label=name)
+    if target is None:
+        return
+    before, after = target_bracket(records, y_key, target)
+    if after is not None:
+        left = before.get(x_key, 0) if before is not None else 0
+        ax.axvspan(left, after.get(x_key, 0), color=line.get_color(), alpha=0.15)

@@ -1,0 +1,96 @@
+"""Stand-alone trainer pieces: LR warm-up, RNG capture, metric writers, report brackets."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import torch
+
+from agentrl.checkpoint import TrainerState, capture_rng, list_checkpoints, restore_rng
+from agentrl.commands.report import describe_run, plot_runs, target_bracket
+from agentrl.config import OptimConfig
+from agentrl.metric_writers import JsonlWriter, read_metrics
+from agentrl.schedule import build_optimizer, build_scheduler, lr_factor
+
+
+def test_warmup_is_linear_then_constant() -> None:
+    assert [lr_factor(u, 4) for u in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert lr_factor(0, 0) == 1.0
+
+
+def test_scheduler_drives_optimizer_lr() -> None:
+    model = torch.nn.Linear(2, 2)
+    optim = OptimConfig(lr=0.1, warmup_steps=2)
+    optimizer = build_optimizer(model, optim)
+    scheduler = build_scheduler(optimizer, optim)
+    seen = []
+    for _ in range(3):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert np.allclose(seen, [0.05, 0.1, 0.1])
+
+
+def test_rng_capture_survives_json_and_restores_draws() -> None:
+    import msgspec
+
+    state = TrainerState()
+    random.seed(3)
+    np.random.seed(4)
+    capture_rng(state)
+    expected = (random.random(), np.random.rand())
+    decoded = msgspec.json.decode(msgspec.json.encode(state), type=TrainerState)
+    random.seed(99)
+    np.random.seed(99)
+    restore_rng(decoded)
+    assert (random.random(), np.random.rand()) == expected
+
+
+def test_jsonl_resume_drops_steps_after_checkpoint(tmp_path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    writer = JsonlWriter(path)
+    for step in (1, 2, 3):
+        writer.write({"step": step, "reward/mean": step / 10, "bad": float("nan")})
+    writer.close()
+    assert json.loads(path.read_text().splitlines()[0])["bad"] is None
+    writer = JsonlWriter(path, resume_step=2)  # step 3 was logged but never checkpointed
+    writer.write({"step": 3, "reward/mean": 0.9})
+    writer.close()
+    assert [(m["step"], m["reward/mean"]) for m in read_metrics(path)] == [
+        (1, 0.1), (2, 0.2), (3, 0.9)
+    ]
+
+
+def test_temp_checkpoint_folders_are_ignored(tmp_path) -> None:
+    root = tmp_path / "checkpoints"
+    (root / "step_2").mkdir(parents=True)
+    (root / "step_2" / "trainer_state.json").write_text("{}")
+    (root / ".tmp-step_4-abc").mkdir()
+    (root / "step_10").mkdir()  # no state file: incomplete
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2]
+
+
+def _records(accs: list[float | None]) -> list[dict]:
+    return [
+        {"step": i + 1, "cumulative/rollouts": 8 * (i + 1), "reward/mean": 0.1 * i,
+         **({"eval/accuracy": a} if a is not None else {})}
+        for i, a in enumerate(accs)
+    ]
+
+
+def test_target_bracket_is_first_hit_and_eval_before() -> None:
+    records = _records([0.1, None, 0.3, None, 0.6, 0.7])
+    before, after = target_bracket(records, "eval/accuracy", 0.5)
+    assert (before["step"], after["step"]) == (3, 5)
+    before, after = target_bracket(records, "eval/accuracy", 0.05)
+    assert before is None and after["step"] == 1
+    assert target_bracket(records, "eval/accuracy", 0.9)[1] is None
+    assert "between step 3 (24 rollouts" in describe_run("r", records, "eval/accuracy", 0.5)
+
+
+def test_report_writes_png(tmp_path) -> None:
+    out = tmp_path / "r.png"
+    plot_runs({"a": _records([0.1, 0.4]), "b": _records([0.2, 0.6])}, "eval/accuracy", 0.5, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
