@@ -80,7 +80,7 @@ def step_stats(step: int, rollouts: Sequence[Rollout]) -> StepStats:
     groups: dict[str, list[Rollout]] = defaultdict(list)
     for rollout in rollouts:
         groups[rollout.group_id].append(rollout)
-        valid = rollout.valid and all(s.valid for s in rollout.segments)
+        valid = rollout.trainable
         counts = per_env[rollout.env]
         counts.num_rollouts += 1
         counts.num_rows += len(rollout.segments)
@@ -91,7 +91,7 @@ def step_stats(step: int, rollouts: Sequence[Rollout]) -> StepStats:
     for members in groups.values():
         counts = per_env[members[0].env]
         counts.num_groups += 1
-        valid_rewards = {r.reward for r in members if r.valid and all(s.valid for s in r.segments)}
+        valid_rewards = {r.reward for r in members if r.trainable}
         counts.num_uniform_groups += len(valid_rewards) <= 1
     total = Counts()
     for counts in per_env.values():

@@ -20,7 +20,7 @@ def to_rows(rollouts: Iterable[Rollout]) -> list[Row]:
     """One row per segment, each carrying its rollout's reward and validity."""
     rows = []
     for rollout in rollouts:
-        valid = rollout.valid and all(segment.valid for segment in rollout.segments)
+        valid = rollout.trainable
         for index, segment in enumerate(rollout.segments):
             rows.append(
                 Row(

@@ -78,6 +78,11 @@ class Rollout(msgspec.Struct):
         """Tokens the policy produced over all segments."""
         return sum(segment.num_generated_tokens for segment in self.segments)
 
+    @property
+    def trainable(self) -> bool:
+        """Valid, and so is every segment: one bad segment masks the whole rollout."""
+        return self.valid and all(segment.valid for segment in self.segments)
+
 
 class Group(msgspec.Struct):
     """The rollouts of one task, compared with each other for the baseline."""
@@ -89,7 +94,7 @@ class Group(msgspec.Struct):
     @property
     def is_uniform(self) -> bool:
         """True when every valid rollout has the same reward: the group has no signal."""
-        rewards = {r.reward for r in self.rollouts if r.valid}
+        rewards = {r.reward for r in self.rollouts if r.trainable}
         return len(rewards) <= 1
 
 
