@@ -1,0 +1,117 @@
+"""Growing a multi-turn context by appending token ids, never re-encoding earlier text.
+
+The conversation starts as the environment's reset messages rendered by the chat
+template (with the tools and the generation prompt) and encoded once. After that the
+context only grows at its end:
+
+- the model's generated ids are appended exactly as the engine returned them;
+- each observation is the *delta* the template adds for the new messages: the text of
+  ``render(history + [assistant] + observation, generation prompt)`` past
+  ``render(history + [assistant])``, preceded by whatever closing text the template puts
+  after the assistant's content (``<|im_end|>\\n`` for ChatML) minus the part the model
+  already emitted (its stop token), so an ``<|im_end|>`` is never added twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from agentrl.types import Message
+
+
+def as_dicts(messages: list[Any]) -> list[dict[str, Any]]:
+    """Messages (``Message`` structs or dicts) as the plain dicts chat templates expect."""
+    out = []
+    for message in messages:
+        if isinstance(message, msgspec.Struct):
+            message = {k: v for k, v in msgspec.structs.asdict(message).items() if v is not None}
+        out.append(dict(message))
+    return out
+
+
+class Turn(msgspec.Struct):
+    """One model turn as messages: the assistant's reply and the observation that followed."""
+
+    assistant: dict[str, Any]
+    observation: list[dict[str, Any]] = []
+
+
+class ChatContext:
+    """The messages of one conversation and how to render additions as token-id deltas."""
+
+    def __init__(self, tokenizer: Any, tools: list[dict] | None, head: list[Any]) -> None:
+        """``head``: the messages the conversation starts from (system + task)."""
+        self.tokenizer = tokenizer
+        self.tools = tools or None
+        self.head = as_dicts(head)
+        self.turns: list[Turn] = []
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The whole conversation as message dicts."""
+        out = list(self.head)
+        for turn in self.turns:
+            out.append(turn.assistant)
+            out.extend(turn.observation)
+        return out
+
+    def render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+        """The chat template's text for ``messages``."""
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, add_generation_prompt=generation_prompt
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens added around it)."""
+        return list(self.tokenizer.encode(text))
+
+    def prompt_ids(self) -> list[int]:
+        """Encode the whole conversation with the generation prompt (a fresh context)."""
+        return self.encode(self.render(self.messages(), generation_prompt=True))
+
+    def assistant_text(self, generated_ids: list[int], stop_ids: tuple[int, ...]) -> str:
+        """The reply's content: the generated text without a trailing stop token."""
+        ids = generated_ids[:-1] if generated_ids and generated_ids[-1] in stop_ids else (
+            generated_ids
+        )
+        return self.tokenizer.decode(ids)
+
+    def add_turn(
+        self, generated_ids: list[int], stop_ids: tuple[int, ...], observation: list[Any]
+    ) -> list[int]:
+        """Record a turn; return the ids to append after the generated ids (the delta)."""
+        before = self.messages()
+        content = self.assistant_text(generated_ids, stop_ids)
+        turn = Turn({"role": "assistant", "content": content}, as_dicts(observation))
+        prompt_text = self.render(before, generation_prompt=True)
+        closed_text = self.render([*before, turn.assistant], generation_prompt=False)
+        full_text = self.render(
+            [*before, turn.assistant, *turn.observation], generation_prompt=True
+        )
+        rendered_turn = closed_text[len(prompt_text):]
+        if not (
+            closed_text.startswith(prompt_text)
+            and rendered_turn.startswith(content)
+            and full_text.startswith(closed_text)
+        ):
+            raise ValueError(
+                "the chat template does not render the conversation as a prefix of its "
+                "continuation (it rewrites earlier turns or the reply "
+                f"{content[:40]!r}), so observations cannot be appended as token deltas; "
+                "use a template that only appends"
+            )
+        self.turns.append(turn)
+        # what the template puts after the reply's content (e.g. "<|im_end|>\n"), then the
+        # observation's messages and the next generation prompt
+        delta_ids = self.encode(rendered_turn[len(content):] + full_text[len(closed_text):])
+        if generated_ids and generated_ids[-1] in stop_ids and delta_ids[:1] == [
+            generated_ids[-1]
+        ]:
+            delta_ids = delta_ids[1:]  # the model already emitted the end-of-turn token
+        return delta_ids
+
+
+def with_message(messages: list[dict[str, Any]], message: Message | dict) -> list[dict]:
+    """``messages`` plus one more (for compaction prompts)."""
+    return [*messages, *as_dicts([message])]

@@ -1,0 +1,198 @@
+"""The built-in PyTorch inference engine: the native model, a KV cache, continuous batching.
+
+Many rollouts call ``generate`` concurrently from one asyncio loop. Each call queues a
+request; one background task (started on demand, ending when idle) repeatedly
+
+1. admits queued requests into free cache slots and prefills each prompt (one forward per
+   prompt, since prompts differ in length), sampling its first token;
+2. decodes every active slot by one token in a single batched forward ``[N, 1]``;
+3. resolves the futures of the requests that finished.
+
+Every request samples with its own ``torch.Generator`` (seeded by ``SamplingParams.seed``
+or the engine's counter), so what a request draws does not depend on which other requests
+shared its batch. Log-probs follow ``agentrl.rollout.sampling``: log_softmax(logits / T)
+of the sampled token, the distribution the trainer recomputes at the same temperature.
+
+The forward runs on the event loop's thread: while a step computes, no environment code
+runs on the loop (environments run their ``step`` in worker threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentrl.rollout.engine import Generation, SamplingParams
+from agentrl.rollout.sampling import sample_token
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future
+    generator: torch.Generator
+    max_tokens: int
+    slot: int = -1
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class TorchEngine:
+    """An ``InferenceEngine`` over a native ``CausalLM`` with ``forward_cached``."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any | None = None,
+        max_batch_size: int = 16,
+        max_len: int = 4096,
+        seed: int = 0,
+    ) -> None:
+        """``max_batch_size`` cache slots of ``max_len`` tokens (prompt + generated) each."""
+        if max_batch_size < 1 or max_len < 2:
+            raise ValueError(
+                f"TorchEngine needs max_batch_size >= 1 and max_len >= 2, got "
+                f"{max_batch_size} and {max_len}"
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.max_len = max_len
+        self._seed_counter = itertools.count(seed * 1_000_003)
+        self._cache: Any = None
+        self._pending: list[_Request] = []
+        self._active: dict[int, _Request] = {}
+        self._worker: asyncio.Task | None = None
+        self.num_forwards = 0
+        """Forwards run so far (prefills + decode steps), for benchmarks and tests."""
+
+    # ------------------------------------------------------------------ public API
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        """Complete one prompt; concurrent calls are decoded together in one batch."""
+        self._check_request(prompt_ids, params)
+        generator = torch.Generator()
+        generator.manual_seed(params.seed if params.seed is not None else next(self._seed_counter))
+        request = _Request(
+            prompt_ids=list(prompt_ids),
+            params=params,
+            future=asyncio.get_running_loop().create_future(),
+            generator=generator,
+            # a slot holds prompt + generated tokens; the last sampled token is never fed back
+            max_tokens=min(params.max_tokens, self.max_len - len(prompt_ids) + 1),
+        )
+        self._pending.append(request)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._run())
+        return await request.future
+
+    def update_weights(self, state_dict: dict) -> None:
+        """Copy new weights into the model in place; refused while requests are in flight."""
+        if self._pending or self._active:
+            raise RuntimeError(
+                "TorchEngine.update_weights called while generations are in flight; "
+                "sync weights between collections"
+            )
+        with torch.no_grad():
+            self.model.load_state_dict(state_dict, strict=True)
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_ids:
+            raise ValueError("generate() got an empty prompt; give at least one token id")
+        if len(prompt_ids) >= self.max_len:
+            raise ValueError(
+                f"prompt of {len(prompt_ids)} tokens does not fit the engine's max_len "
+                f"{self.max_len}; raise max_len or compact the context"
+            )
+        if params.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens is {params.max_tokens}; need >= 1")
+        if params.stop and self.tokenizer is None:
+            raise ValueError(
+                f"stop strings {params.stop!r} need a tokenizer to decode the output; "
+                "pass tokenizer= to TorchEngine or use stop_token_ids"
+            )
+
+    async def _run(self) -> None:
+        """The batching loop; ends when nothing is pending or active."""
+        try:
+            while self._pending or self._active:
+                with torch.inference_mode():
+                    self._admit()
+                    self._decode_step()
+                self._resolve_finished()
+                await asyncio.sleep(0)  # let rollouts queue new requests between steps
+        except Exception as exc:  # fail every waiting caller rather than hang them
+            for request in [*self._pending, *self._active.values()]:
+                if not request.future.done():
+                    request.future.set_exception(exc)
+            self._pending.clear()
+            self._active.clear()
+            raise
+
+    def _ensure_cache(self) -> Any:
+        if self._cache is None:
+            self._cache = self.model.new_kv_cache(self.max_batch_size, self.max_len)
+        return self._cache
+
+    def _admit(self) -> None:
+        """Prefill queued prompts into free slots and sample their first token."""
+        cache = self._ensure_cache()
+        free = [s for s in range(self.max_batch_size) if s not in self._active]
+        while self._pending and free:
+            request = self._pending.pop(0)
+            request.slot = free.pop(0)
+            cache.lengths[request.slot] = 0  # the slot's old contents are dead
+            input_ids = torch.tensor([request.prompt_ids], dtype=torch.long)
+            logits = self.model.forward_cached(input_ids, torch.tensor([request.slot]), cache)
+            self.num_forwards += 1
+            self._active[request.slot] = request
+            self._append_sample(request, logits[0, -1])
+
+    def _decode_step(self) -> None:
+        """Feed every active slot's last token in one batched forward."""
+        running = [r for r in self._active.values() if r.finish_reason is None]
+        if not running:
+            return
+        input_ids = torch.tensor([[r.token_ids[-1]] for r in running], dtype=torch.long)
+        slots = torch.tensor([r.slot for r in running], dtype=torch.long)
+        logits = self.model.forward_cached(input_ids, slots, self._cache)
+        self.num_forwards += 1
+        for i, request in enumerate(running):
+            self._append_sample(request, logits[i, -1])
+
+    def _append_sample(self, request: _Request, logits_v: torch.Tensor) -> None:
+        params = request.params
+        token, logprob = sample_token(logits_v, params.temperature, params.top_p,
+                                      request.generator)
+        request.token_ids.append(token)
+        request.logprobs.append(logprob)
+        if token in params.stop_token_ids or self._hit_stop_string(request):
+            request.finish_reason = "stop"
+        elif len(request.token_ids) >= request.max_tokens:
+            request.finish_reason = "length"
+
+    def _hit_stop_string(self, request: _Request) -> bool:
+        if not request.params.stop:
+            return False
+        # decode a tail long enough to contain any stop string that just completed
+        window = max(len(s) for s in request.params.stop) + 8
+        text = self.tokenizer.decode(request.token_ids[-window:])
+        return any(stop in text for stop in request.params.stop)
+
+    def _resolve_finished(self) -> None:
+        for slot, request in list(self._active.items()):
+            if request.finish_reason is None:
+                continue
+            del self._active[slot]
+            if not request.future.done():  # the caller may have been cancelled
+                request.future.set_result(
+                    Generation(request.token_ids, request.logprobs, request.finish_reason)
+                )
