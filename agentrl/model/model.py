@@ -1,0 +1,255 @@
+"""A native PyTorch decoder for the Qwen2 / Qwen2.5 / Qwen3 / Llama families.
+
+Parameter names equal Hugging Face's (``model.layers.0.self_attn.q_proj.weight`` ...), so
+a checkpoint's state dict loads as is. Three ways to run it:
+
+- ``forward(ids)``: dense rows, causal attention;
+- ``forward(ids, cu_seqlens=...)``: one packed row of several rows, varlen attention that
+  never crosses a row boundary (training);
+- ``forward_cached(ids, slots, cache)``: append tokens to KV-cached slots (generation).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agentrl.model.args import ModelArgs
+from agentrl.model.attention import (
+    causal_attention,
+    masked_attention,
+    resolve_backend,
+    varlen_attention,
+)
+from agentrl.model.kv_cache import KVCache
+from agentrl.model.rope import apply_rope, inverse_frequencies, rope_cos_sin
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32, as HF does, then cast back before the weight."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class _Context:
+    """What every layer needs for one forward: rope angles and how to attend."""
+
+    def __init__(
+        self,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int = 0,
+        cache: KVCache | None = None,
+        slots: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> None:
+        self.cos, self.sin = cos, sin
+        self.cu_seqlens, self.max_seqlen = cu_seqlens, max_seqlen
+        self.cache, self.slots, self.positions, self.mask = cache, slots, positions, mask
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int, backend: str) -> None:
+        super().__init__()
+        h, kvh, d = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = h, kvh, d
+        self.layer, self.backend = layer, backend
+        self.q_proj = nn.Linear(args.hidden_size, h * d, bias=args.attention_bias)
+        self.k_proj = nn.Linear(args.hidden_size, kvh * d, bias=args.attention_bias)
+        self.v_proj = nn.Linear(args.hidden_size, kvh * d, bias=args.attention_bias)
+        self.o_proj = nn.Linear(h * d, args.hidden_size, bias=args.o_proj_bias)
+        self.qk_norm = args.qk_norm
+        if args.qk_norm:
+            self.q_norm = RMSNorm(d, args.rms_norm_eps)
+            self.k_norm = RMSNorm(d, args.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
+        if ctx.cache is not None:
+            out = self._cached(q, k, v, ctx)
+        elif ctx.cu_seqlens is not None:
+            out = varlen_attention(
+                q[0], k[0], v[0], ctx.cu_seqlens, ctx.max_seqlen, self.backend
+            ).unsqueeze(0)
+        else:
+            out = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            out = out.transpose(1, 2)
+        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
+
+    def _cached(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: _Context):
+        assert ctx.cache is not None and ctx.slots is not None and ctx.positions is not None
+        keys, values = ctx.cache.write(self.layer, ctx.slots, ctx.positions, k, v)
+        out = masked_attention(q.transpose(1, 2), keys, values, ctx.mask)
+        return out.transpose(1, 2)
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        hid, inter, bias = args.hidden_size, args.intermediate_size, args.mlp_bias
+        self.gate_proj = nn.Linear(hid, inter, bias=bias)
+        self.up_proj = nn.Linear(hid, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hid, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int, backend: str) -> None:
+        super().__init__()
+        self.self_attn = Attention(args, layer, backend)
+        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    """HF's ``model.`` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, args: ModelArgs, backend: str) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(args, i, backend) for i in range(args.num_hidden_layers)
+        )
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """Decoder + LM head. ``attention``: "auto" | "flash" | "torch" (ModelConfig.attention)."""
+
+    def __init__(self, config: ModelArgs, attention: str = "auto") -> None:
+        super().__init__()
+        self.config = config
+        self.attention_backend = resolve_backend(attention)
+        self.model = Decoder(config, self.attention_backend)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        inv_freq, self.rope_attention_factor = inverse_frequencies(
+            config.head_dim,
+            config.rope_theta,
+            config.rope_scaling,
+            config.max_position_embeddings,
+        )
+        # Not a parameter and not saved: always recomputed in fp32 from the config.
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the parameters."""
+        return self.lm_head.weight.dtype
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits [B, T, V] in fp32 for input_ids [B, T].
+
+        With ``cu_seqlens`` (B must be 1) the row holds several rows back to back and
+        attention stays inside each; position ids then restart at 0 per row (derived from
+        cu_seqlens when not given).
+        """
+        b, t = input_ids.shape
+        max_seqlen = t
+        if cu_seqlens is not None:
+            cu_seqlens, max_seqlen = _check_cu_seqlens(cu_seqlens, b, t)
+            if position_ids is None:
+                position_ids = positions_from_cu_seqlens(cu_seqlens).unsqueeze(0)
+        if position_ids is None:
+            position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
+        cos, sin = self._rope(position_ids.to(input_ids.device))
+        ctx = _Context(cos, sin, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        return self._run(input_ids, ctx)
+
+    def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
+        """An empty cache for ``num_slots`` concurrent requests of up to ``max_len`` tokens."""
+        c = self.config
+        return KVCache(
+            c.num_hidden_layers,
+            num_slots,
+            max_len,
+            c.num_key_value_heads,
+            c.head_dim,
+            dtype=self.dtype,
+            device=self.lm_head.weight.device,
+        )
+
+    def forward_cached(
+        self, input_ids: torch.Tensor, slots: torch.Tensor, cache: KVCache
+    ) -> torch.Tensor:
+        """Append row i of input_ids [N, T] to slot slots[i]; logits [N, T, V] in fp32.
+
+        The new tokens take positions ``cache.lengths[slot] + arange(T)`` and attend to
+        everything cached in their slot and causally to each other. Prefill is N=1 with the
+        prompt; batched decode is N active slots with T=1. Lengths advance by T.
+        """
+        n, t = input_ids.shape
+        slots = slots.to(device=cache.lengths.device, dtype=torch.long)
+        if slots.shape != (n,):
+            raise ValueError(f"slots has shape {tuple(slots.shape)}; expected ({n},)")
+        positions = cache.positions_for(slots, t)
+        span = int(positions.max()) + 1
+        # key j may be seen by the query at position p iff j <= p: past + causal new tokens
+        mask = torch.arange(span, device=positions.device) <= positions[:, :, None]
+        cos, sin = self._rope(positions)
+        ctx = _Context(
+            cos, sin, cache=cache, slots=slots, positions=positions, mask=mask.unsqueeze(1)
+        )
+        logits = self._run(input_ids, ctx)
+        cache.lengths[slots] += t
+        return logits
+
+    def _rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_cos_sin(position_ids, self.inv_freq, self.rope_attention_factor, self.dtype)
+
+    def _run(self, input_ids: torch.Tensor, ctx: _Context) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer(x, ctx)
+        return self.lm_head(self.model.norm(x)).float()
+
+
+def _check_cu_seqlens(cu_seqlens: torch.Tensor, b: int, t: int) -> tuple[torch.Tensor, int]:
+    if b != 1:
+        raise ValueError(f"forward with cu_seqlens needs batch size 1 (one packed row), got {b}")
+    bounds = cu_seqlens.tolist()
+    lengths = [y - x for x, y in zip(bounds[:-1], bounds[1:], strict=True)]
+    if bounds[0] != 0 or bounds[-1] != t or min(lengths, default=0) < 0:
+        raise ValueError(
+            f"cu_seqlens {bounds} must start at 0, never decrease and end at the packed length {t}"
+        )
+    return cu_seqlens, max(lengths, default=0)
+
+
+def positions_from_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Position ids [total] restarting at 0 at every row start of a pack."""
+    cu = cu_seqlens.long()
+    lengths = cu[1:] - cu[:-1]
+    starts = torch.repeat_interleave(cu[:-1], lengths)
+    return torch.arange(int(cu[-1]), device=cu.device) - starts

@@ -1,0 +1,179 @@
+"""Tiny checkpoints built locally, so tests and smoke runs need no download.
+
+``build_tiny_checkpoint`` writes a complete Hugging Face folder (config.json,
+model.safetensors, tokenizer.json, tokenizer_config.json) that our loader, transformers
+and vLLM all read. The tokenizer is a byte-level BPE trained on a small built-in corpus:
+any text encodes, nothing maps to an unknown token.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from agentrl.model.args import ModelArgs
+from agentrl.model.chat_template import QWEN25_CHAT_TEMPLATE
+from agentrl.model.checkpoint import DTYPE_NAMES, save_pretrained
+from agentrl.model.model import CausalLM
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+MIN_VOCAB = 256 + len(SPECIAL_TOKENS) + len(TOOL_TOKENS) + 1  # bytes + added + one merge
+
+WORDS = (
+    "the a an and or not is are was be to of in on at for with from by it this that you "
+    "we they he she answer question number sum total add subtract multiply divide equals "
+    "result tool call search find read write file list step plan done yes no true false "
+    "hello world good task goal reward score game move left right up down start end "
+    "first second third next last think because so then if else when while count"
+).split()
+
+
+def default_corpus(seed: int = 0, num_lines: int = 600) -> list[str]:
+    """Built-in text: digits, arithmetic, English words and chat/tool markup."""
+    rng = random.Random(seed)
+    lines = [" ".join(str(i) for i in range(100))]
+    for _ in range(num_lines):
+        a, b = rng.randint(0, 999), rng.randint(0, 99)
+        op, val = rng.choice([("+", a + b), ("-", a - b), ("*", a * b)])
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 10)))
+        lines.append(f"{a} {op} {b} = {val}")
+        lines.append(words.capitalize() + rng.choice([".", "?", "!", ","]))
+        lines.append(
+            f"<|im_start|>user\nWhat is {a} {op} {b}?<|im_end|>\n"
+            f"<|im_start|>assistant\n<tool_call>\n"
+            f'{{"name": "calculator", "arguments": {{"expression": "{a} {op} {b}"}}}}\n'
+            f"</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{val}\n"
+            f"</tool_response><|im_end|>\n<|im_start|>assistant\nThe answer is {val}.<|im_end|>"
+        )
+    return lines
+
+
+def build_tokenizer(corpus: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE trained on corpus; vocab_size counts the added tokens too.
+
+    Special tokens (<|endoftext|>, <|im_start|>, <|im_end|>) and the tool markup tokens
+    (added, not special: they survive skip_special_tokens) take the last ids.
+    """
+    if vocab_size < MIN_VOCAB:
+        raise ValueError(
+            f"vocab_size {vocab_size} is too small; a byte-level BPE needs >= {MIN_VOCAB}"
+        )
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    num_added = len(SPECIAL_TOKENS) + len(TOOL_TOKENS)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - num_added,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(corpus), trainer=trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    return tok
+
+
+def tokenizer_config(tok: Tokenizer, max_length: int) -> dict:
+    """tokenizer_config.json for a tiny tokenizer: Qwen2.5's conventions (eos = <|im_end|>)."""
+    decoder = {}
+    for token in (*SPECIAL_TOKENS, *TOOL_TOKENS):
+        decoder[str(tok.token_to_id(token))] = {
+            "content": token,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": token in SPECIAL_TOKENS,
+        }
+    return {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": decoder,
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "chat_template": QWEN25_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_length,
+        "split_special_tokens": False,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+
+
+def build_tiny_checkpoint(
+    path: str | Path,
+    family: Literal["qwen2", "qwen3", "llama"] = "qwen2",
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    vocab_size: int = 512,
+    corpus: Iterable[str] | None = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    tie_word_embeddings: bool = True,
+    max_position_embeddings: int = 4096,
+) -> Path:
+    """Write a randomly initialised HF checkpoint folder; deterministic given the arguments."""
+    if hidden_size % num_heads or num_heads % num_kv_heads:
+        raise ValueError(
+            f"hidden_size {hidden_size} must divide by num_heads {num_heads}, and num_heads "
+            f"by num_kv_heads {num_kv_heads}"
+        )
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(corpus if corpus is not None else default_corpus(seed), vocab_size)
+    tok.save(str(path / "tokenizer.json"))
+    config = tokenizer_config(tok, max_position_embeddings)
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    args = ModelArgs(
+        model_type=family,
+        vocab_size=max(vocab_size, tok.get_vocab_size()),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 3,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        rope_theta=500000.0 if family == "llama" else 1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tie_word_embeddings,
+        attention_bias=family == "qwen2",
+        qk_norm=family == "qwen3",
+        bos_token_id=tok.token_to_id("<|endoftext|>"),
+        eos_token_id=tok.token_to_id("<|im_end|>"),
+        max_position_embeddings=max_position_embeddings,
+    )
+    save_pretrained(init_model(args, seed).to(dtype), path)
+    (path / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token_id": args.bos_token_id,
+                "eos_token_id": args.eos_token_id,
+                "torch_dtype": DTYPE_NAMES[dtype],
+            },
+            indent=2,
+        )
+    )
+    return path
+
+
+def init_model(args: ModelArgs, seed: int) -> CausalLM:
+    """A CausalLM with GPT-style init (normal 0.02, zero biases, unit norms)."""
+    generator = torch.Generator().manual_seed(seed)
+    model = CausalLM(args, attention="torch")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:  # biases random too, so tests see them matter
+                param.normal_(0.0, 0.02, generator=generator)
+    return model
