@@ -1,0 +1,153 @@
+"""One optimizer update's forward/backward over packed micro-batches, on one or many ranks.
+
+Order matters: the update's token count N is summed over micro-batches AND ranks before
+the first backward, because every token's loss is divided by N. Each ``.backward()`` then
+adds its micro-batch's already-normalized gradient; a final all-reduce SUMS the ranks'
+gradients. The result equals one backward over all rows at once (invariant 4).
+Gradient clipping and the optimizer step belong to the trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import msgspec
+import torch
+from torch import Tensor, nn
+
+from agentrl import distributed
+from agentrl.config import LossConfig
+from agentrl.loss import LossParts, entropy, policy_loss, token_logprobs
+from agentrl.packing import MicroBatch
+
+
+class CausalLM(Protocol):
+    """Any module with the model's forward: ids [B, T] → logits [B, T, V]."""
+
+    def __call__(
+        self, input_ids: Tensor, position_ids: Tensor | None, cu_seqlens: Tensor | None
+    ) -> Tensor: ...
+
+
+class UpdateStats(msgspec.Struct):
+    """Figures of one update, over all its micro-batches and ranks (token-weighted)."""
+
+    loss: float
+    """policy_loss + kl_loss: the value whose gradient was accumulated."""
+    policy_loss: float
+    kl_loss: float
+    clip_frac_low: float
+    clip_frac_high: float
+    approx_kl: float
+    entropy: float
+    """Mean entropy of the policy over the update's generated tokens."""
+    mismatch: float
+    tis_weight: float
+    num_tokens: int
+    """Generated valid tokens of the update, all ranks: the loss's denominator."""
+    num_micro_batches: int
+    """Micro-batches on this rank."""
+
+
+_FIGURES = (
+    "policy_loss", "kl_loss", "clip_frac_low", "clip_frac_high", "approx_kl", "mismatch",
+    "tis_weight",
+)
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def forward_backward(
+    model: nn.Module,
+    micro_batches: Sequence[MicroBatch],
+    cfg: LossConfig,
+    process_group: torch.distributed.ProcessGroup | None = None,
+) -> UpdateStats:
+    """Accumulate one update's gradient over this rank's micro-batches (and sum over ranks).
+
+    Every rank must pass the same number of micro-batches (``plan_micro_batches`` pads
+    with empty ones). Gradients are added to whatever ``.grad`` holds: zero them first.
+    """
+    device = _device_of(model)
+    local_tokens = sum(mb.num_tokens for mb in micro_batches)
+    num_tokens = distributed.all_reduce_scalar(local_tokens, process_group, device)
+    # no generated token anywhere: run the same calls (collectives stay matched) with a
+    # harmless denominator; every mask is 0 so the gradient is 0
+    denominator = max(num_tokens, 1.0)
+    sums = torch.zeros(len(_FIGURES) + 1, dtype=torch.float64, device=device)
+    for mb in micro_batches:
+        mb = mb.to(device)
+        logits = model(mb.input_ids, mb.position_ids, mb.cu_seqlens)
+        logprobs = token_logprobs(logits, mb.target_ids)
+        loss, parts = policy_loss(
+            logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, denominator, cfg,
+            engine_logprobs=mb.engine_logprobs, ref_logprobs=mb.ref_logprobs,
+        )
+        loss.backward()
+        sums += _figures(parts, entropy(logits), mb.loss_mask, denominator)
+        del logits, logprobs, loss  # free this micro-batch's activations before the next
+    distributed.all_reduce_gradients(model.parameters(), process_group)
+    distributed.all_reduce_sum(sums, process_group)
+    return _stats(sums.tolist(), int(num_tokens), len(micro_batches))
+
+
+def _figures(parts: LossParts, token_entropy: Tensor, mask: Tensor, num_tokens: float) -> Tensor:
+    values = [getattr(parts, name) for name in _FIGURES]
+    values.append((token_entropy * mask).sum() / num_tokens)
+    return torch.stack([v.double() for v in values])
+
+
+def _stats(sums: list[float], num_tokens: int, num_micro_batches: int) -> UpdateStats:
+    named = dict(zip(_FIGURES, sums[:-1], strict=True))
+    return UpdateStats(
+        loss=named["policy_loss"] + named["kl_loss"],
+        entropy=sums[-1],
+        num_tokens=num_tokens,
+        num_micro_batches=num_micro_batches,
+        **named,
+    )
+
+
+@torch.no_grad()
+def score(model: nn.Module, micro_batches: Sequence[MicroBatch]) -> list[Tensor]:
+    """Per-token log-probs [1, T] of each micro-batch's targets under ``model`` (no grad).
+
+    Used for the old-policy pass before a collection's first update (set them as
+    ``old_logprobs``), for reference-model log-probs, and for the trainer side of the
+    engine-vs-trainer log-prob check. Positions with loss mask 0 are set to 0.
+    """
+    device = _device_of(model)
+    out = []
+    for mb in micro_batches:
+        mb = mb.to(device)
+        logits = model(mb.input_ids, mb.position_ids, mb.cu_seqlens)
+        out.append(token_logprobs(logits, mb.target_ids) * mb.loss_mask)
+    return out
+
+
+def with_old_logprobs(
+    micro_batches: Sequence[MicroBatch], old_logprobs: Sequence[Tensor]
+) -> list[MicroBatch]:
+    """The micro-batches with ``old_logprobs`` replaced by a scoring pass's output."""
+    return [
+        msgspec.structs.replace(mb, old_logprobs=lp.to(mb.old_logprobs.device))
+        for mb, lp in zip(micro_batches, old_logprobs, strict=True)
+    ]
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
+    """Clip the global gradient norm to ``max_norm`` (0 or less: only measure it); returns
+    the norm before clipping. Call after ``forward_backward``, so the gradients are summed
+    over ranks and every rank clips identically."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    if max_norm <= 0:
+        norm = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
+        )
+        return float(norm)
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
