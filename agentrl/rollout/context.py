@@ -81,6 +81,14 @@ class ChatContext:
         self, generated_ids: list[int], stop_ids: tuple[int, ...], observation: list[Any]
     ) -> list[int]:
         """Record a turn; return the ids to append after the generated ids (the delta)."""
+        turn, delta_ids = self.turn_delta(generated_ids, stop_ids, observation)
+        self.turns.append(turn)
+        return delta_ids
+
+    def turn_delta(
+        self, generated_ids: list[int], stop_ids: tuple[int, ...], observation: list[Any]
+    ) -> tuple[Turn, list[int]]:
+        """The turn as messages and the ids its observation adds, without recording it."""
         before = self.messages()
         content = self.assistant_text(generated_ids, stop_ids)
         turn = Turn({"role": "assistant", "content": content}, as_dicts(observation))
@@ -101,7 +109,6 @@ class ChatContext:
                 f"{content[:40]!r}), so observations cannot be appended as token deltas; "
                 "use a template that only appends"
             )
-        self.turns.append(turn)
         # what the template puts after the reply's content (e.g. "<|im_end|>\n"), then the
         # observation's messages and the next generation prompt
         delta_ids = self.encode(rendered_turn[len(content):] + full_text[len(closed_text):])
@@ -109,7 +116,7 @@ class ChatContext:
             generated_ids[-1]
         ]:
             delta_ids = delta_ids[1:]  # the model already emitted the end-of-turn token
-        return delta_ids
+        return turn, delta_ids
 
 
 def with_message(messages: list[dict[str, Any]], message: Message | dict) -> list[dict]:

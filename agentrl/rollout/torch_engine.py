@@ -148,6 +148,8 @@ class TorchEngine:
         free = [s for s in range(self.max_batch_size) if s not in self._active]
         while self._pending and free:
             request = self._pending.pop(0)
+            if request.future.done():  # cancelled while queued
+                continue
             request.slot = free.pop(0)
             cache.lengths[request.slot] = 0  # the slot's old contents are dead
             input_ids = torch.tensor([request.prompt_ids], dtype=torch.long)
@@ -189,7 +191,7 @@ class TorchEngine:
 
     def _resolve_finished(self) -> None:
         for slot, request in list(self._active.items()):
-            if request.finish_reason is None:
+            if request.finish_reason is None and not request.future.cancelled():
                 continue
             del self._active[slot]
             if not request.future.done():  # the caller may have been cancelled

@@ -7,19 +7,15 @@ import asyncio
 import pytest
 import torch
 
+from agentrl.model import load_pretrained
 from agentrl.rollout.engine import InferenceEngine, SamplingParams
 from agentrl.rollout.sampling import scaled_logprobs, top_p_mask
 from agentrl.rollout.torch_engine import TorchEngine
-from tests.rollout.stand_ins import CharTokenizer, TinyLM
 
-PROMPTS = [[5, 9, 40, 41], [7], [100, 101, 102, 103, 104, 105, 106], [3, 3]]
-
-
-def make_model() -> TinyLM:
-    return TinyLM().eval()
+PROMPTS = [[5, 9, 40, 41], [7], [100, 101, 102, 103, 104, 105, 106, 300, 301], [3, 3]]
 
 
-def uncached_greedy(model: TinyLM, prompt: list[int], n: int) -> list[int]:
+def uncached_greedy(model, prompt: list[int], n: int) -> list[int]:
     """Reference: a full forward over the whole sequence for every new token."""
     ids = list(prompt)
     with torch.no_grad():
@@ -28,7 +24,7 @@ def uncached_greedy(model: TinyLM, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt):]
 
 
-def trainer_logprobs(model: TinyLM, prompt: list[int], out: list[int], temp: float) -> list[float]:
+def trainer_logprobs(model, prompt: list[int], out: list[int], temp: float) -> list[float]:
     """What the trainer computes: one plain forward, log_softmax(logits / T) at the tokens."""
     ids = torch.tensor([prompt + out])
     with torch.no_grad():
@@ -41,12 +37,12 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_engine_satisfies_protocol():
-    assert isinstance(TorchEngine(make_model()), InferenceEngine)
+def test_engine_satisfies_protocol(tiny_model):
+    assert isinstance(TorchEngine(tiny_model), InferenceEngine)
 
 
-def test_cached_greedy_equals_uncached_greedy():
-    model = make_model()
+def test_cached_greedy_equals_uncached_greedy(tiny_model):
+    model = tiny_model
     engine = TorchEngine(model, max_batch_size=2, max_len=64)
     params = SamplingParams(temperature=0.0, max_tokens=12)
     for prompt in PROMPTS:
@@ -55,8 +51,8 @@ def test_cached_greedy_equals_uncached_greedy():
         assert gen.finish_reason == "length"
 
 
-def test_concurrent_equals_sequential_and_batches():
-    model = make_model()
+def test_concurrent_equals_sequential_and_batches(tiny_model):
+    model = tiny_model
     params = SamplingParams(temperature=0.0, max_tokens=10)
     seq_engine = TorchEngine(model, max_batch_size=4, max_len=64)
     sequential = [run(seq_engine.generate(p, params)).token_ids for p in PROMPTS]
@@ -72,8 +68,8 @@ def test_concurrent_equals_sequential_and_batches():
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
-def test_logprobs_equal_full_forward(temperature):
-    model = make_model()
+def test_logprobs_equal_full_forward(tiny_model, temperature):
+    model = tiny_model
     engine = TorchEngine(model, max_batch_size=4, max_len=64)
     params = SamplingParams(temperature=temperature, max_tokens=15, seed=3)
 
@@ -85,8 +81,8 @@ def test_logprobs_equal_full_forward(temperature):
         assert torch.allclose(torch.tensor(gen.logprobs), torch.tensor(expected), atol=1e-4)
 
 
-def test_seeded_sampling_does_not_depend_on_batch_company():
-    model = make_model()
+def test_seeded_sampling_does_not_depend_on_batch_company(tiny_model):
+    model = tiny_model
     params = SamplingParams(temperature=1.0, max_tokens=10, seed=11)
     alone = run(TorchEngine(model, max_len=64).generate(PROMPTS[0], params)).token_ids
     engine = TorchEngine(model, max_len=64)
@@ -97,9 +93,9 @@ def test_seeded_sampling_does_not_depend_on_batch_company():
     assert run(together())[0].token_ids == alone
 
 
-def test_stop_token_ids_and_stop_strings():
-    model = make_model()
-    tok = CharTokenizer()
+def test_stop_token_ids_and_stop_strings(tiny_model, tokenizer):
+    model = tiny_model
+    tok = tokenizer
     greedy = uncached_greedy(model, PROMPTS[0], 12)
     engine = TorchEngine(model, tokenizer=tok, max_len=64)
     stop_id = greedy[4]
@@ -114,8 +110,8 @@ def test_stop_token_ids_and_stop_strings():
     assert len(gen.token_ids) <= 5
 
 
-def test_stop_strings_need_tokenizer_and_prompt_must_fit():
-    engine = TorchEngine(make_model(), max_len=8)
+def test_stop_strings_need_tokenizer_and_prompt_must_fit(tiny_model):
+    engine = TorchEngine(tiny_model, max_len=8)
     with pytest.raises(ValueError, match="tokenizer"):
         run(engine.generate([1, 2], SamplingParams(stop=("x",))))
     with pytest.raises(ValueError, match="max_len"):
@@ -124,15 +120,18 @@ def test_stop_strings_need_tokenizer_and_prompt_must_fit():
     assert len(gen.token_ids) == 6 and gen.finish_reason == "length"  # slot full
 
 
-def test_update_weights_in_place_changes_generation():
-    model = make_model()
+def test_update_weights_in_place_changes_generation(tiny_model, tiny_ckpt):
+    model = tiny_model
     engine = TorchEngine(model, max_len=64)
     params = SamplingParams(temperature=0.0, max_tokens=8)
     before = run(engine.generate(PROMPTS[0], params)).token_ids
-    other = TinyLM(seed=5)
-    weight = model.head.weight
+    other = load_pretrained(tiny_ckpt, attention="torch").eval()
+    with torch.no_grad():
+        for param in other.parameters():
+            param.add_(torch.randn_like(param) * 0.5)
+    weight = model.lm_head.weight
     engine.update_weights(other.state_dict())
-    assert model.head.weight is weight  # loaded in place, same tensor
+    assert model.lm_head.weight is weight  # loaded in place, same tensor
     after = run(engine.generate(PROMPTS[0], params)).token_ids
     assert after == uncached_greedy(other.eval(), PROMPTS[0], 8)
     assert after != before

@@ -1,0 +1,146 @@
+"""Context compaction: when the next turn's context would pass its token budget, the
+rollout continues from a shorter context, and a new segment (row) starts there.
+
+Two strategies, chosen once from ``CompactionConfig.strategy``:
+
+- ``drop_oldest``: keep the head (system + task messages) and the last
+  ``keep_last_turns`` turns, with a marker message saying how many turns were dropped
+  (fewer turns if the result still does not fit).
+- ``summarize``: the policy is asked, at the end of the current segment, to summarize
+  its progress; the summary request is observation (loss_mask 0), the summary itself is
+  generated (loss_mask 1) and so trained in the row where it was produced. The next
+  segment starts from the head, the summary and the last ``keep_last_turns`` turns.
+
+Either way the new segment's prompt is the compacted conversation rendered by the chat
+template and encoded: exactly the ids the engine receives next.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from agentrl.config import CompactionConfig
+from agentrl.rollout.context import ChatContext, Turn
+from agentrl.rollout.engine import InferenceEngine, SamplingParams
+from agentrl.rollout.segment_builder import SegmentBuilder
+
+SUMMARY_REQUEST = (
+    "Your context is full. Summarize everything you need to continue this task: what the "
+    "task is, what you tried, what you learned and what to do next. Reply with the summary "
+    "only."
+)
+
+
+class Compactor(Protocol):
+    """Shrinks a conversation; returns the new segment's prompt ids, or None if impossible."""
+
+    async def compact(
+        self, context: ChatContext, turn: Turn, generated_ids: list[int], segment: SegmentBuilder,
+        params: SamplingParams,
+    ) -> list[int] | None:
+        """``turn`` (whose reply was ``generated_ids``) is the turn that overflowed."""
+        ...
+
+
+def marker_message(num_dropped: int) -> dict[str, Any]:
+    """The note left where turns were dropped, so the policy knows history is missing."""
+    return {
+        "role": "user",
+        "content": f"[{num_dropped} earlier turn(s) were removed to fit the context window.]",
+    }
+
+
+def fit_turns(
+    context: ChatContext, head: list[dict[str, Any]], turns: list[Turn], budget: int
+) -> list[int] | None:
+    """Keep as many of ``turns`` (newest last) as fit in ``budget``; None if even none fit."""
+    for start in range(len(turns) + 1):
+        context.head, context.turns = head, turns[start:]
+        prompt_ids = context.prompt_ids()
+        if len(prompt_ids) <= budget:
+            return prompt_ids
+    return None
+
+
+class DropOldest:
+    """Keep system + task + the last k turns, with a marker for what was dropped."""
+
+    def __init__(self, config: CompactionConfig, original_head: list[dict[str, Any]]) -> None:
+        self.config = config
+        self.original_head = list(original_head)
+        self.num_dropped = 0
+
+    async def compact(
+        self, context: ChatContext, turn: Turn, generated_ids: list[int], segment: SegmentBuilder,
+        params: SamplingParams,
+    ) -> list[int] | None:
+        """Drop old turns; the marker counts every turn dropped so far in this rollout."""
+        turns = [*context.turns, turn]
+        k = self.config.keep_last_turns
+        kept = turns[-k:] if k > 0 else []
+        for start in range(len(kept) + 1):
+            dropped = self.num_dropped + len(turns) - len(kept) + start
+            head = [*self.original_head, marker_message(dropped)]
+            context.head, context.turns = head, kept[start:]
+            prompt_ids = context.prompt_ids()
+            if len(prompt_ids) <= self.config.max_context_tokens:
+                self.num_dropped = dropped
+                return prompt_ids
+        return None
+
+
+class Summarize:
+    """The policy summarizes its history; the summary tokens are trained in the old row."""
+
+    def __init__(
+        self, config: CompactionConfig, original_head: list[dict[str, Any]],
+        engine: InferenceEngine, stop_ids: tuple[int, ...],
+    ) -> None:
+        self.config = config
+        self.original_head = list(original_head)
+        self.engine = engine
+        self.stop_ids = stop_ids
+        self.last_summary_tokens = 0
+
+    async def compact(
+        self, context: ChatContext, turn: Turn, generated_ids: list[int], segment: SegmentBuilder,
+        params: SamplingParams,
+    ) -> list[int] | None:
+        """Ask for a summary at the end of this segment, then restart from it."""
+        request = {"role": "user", "content": SUMMARY_REQUEST}
+        _, ask_ids = context.turn_delta(
+            generated_ids, self.stop_ids, [*turn.observation, request]
+        )
+        segment.add_observation(ask_ids)
+        summary_params = SamplingParams(
+            temperature=params.temperature, top_p=params.top_p,
+            max_tokens=self.config.summary_max_tokens, stop_token_ids=self.stop_ids,
+            seed=None if params.seed is None else params.seed + 7919,
+        )
+        summary = await self.engine.generate(list(segment.token_ids), summary_params)
+        segment.add_generated(summary.token_ids, summary.logprobs)
+        self.last_summary_tokens = len(summary.token_ids)
+        text = context.assistant_text(summary.token_ids, self.stop_ids)
+        head = [*self.original_head,
+                {"role": "user", "content": f"Summary of your earlier progress:\n{text}"}]
+        turns = [*context.turns, turn]
+        k = self.config.keep_last_turns
+        return fit_turns(context, head, turns[-k:] if k > 0 else [],
+                         self.config.max_context_tokens)
+
+
+def make_compactor(
+    config: CompactionConfig, original_head: list[dict[str, Any]], engine: InferenceEngine,
+    stop_ids: tuple[int, ...],
+) -> Compactor | None:
+    """The strategy named in the config (None for "none"), picked once per rollout."""
+    if config.strategy == "none":
+        return None
+    if config.strategy == "drop_oldest":
+        return DropOldest(config, original_head)
+    if config.strategy == "summarize":
+        return Summarize(config, original_head, engine, stop_ids)
+    raise ValueError(
+        f'compaction.strategy = "{config.strategy}"; choose "none", "drop_oldest" or '
+        '"summarize"'
+    )
