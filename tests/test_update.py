@@ -8,65 +8,33 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 import torch
 from torch import nn
 
 from agentrl.config import LossConfig
 from agentrl.loss import policy_loss, token_logprobs
+from agentrl.model import ModelArgs
+from agentrl.model.tiny import init_model
 from agentrl.packing import CostModel, MicroBatch, collate, pack, plan_micro_batches
 from agentrl.types import Row
 from agentrl.update import clip_grad_norm, forward_backward, score, with_old_logprobs
 
 VOCAB = 97
 CFG = LossConfig(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.0, tis_cap=2.0)
-COST = CostModel.from_model_args(hidden=32, layers=2, vocab=VOCAB)
+COST = CostModel.from_model_args(hidden=32, layers=2, intermediate=64, vocab=VOCAB)
 
 
-class StandInLM(nn.Module):
-    """A tiny causal LM with the model's forward signature: embeddings, learned positions,
-    two single-head attention + MLP blocks whose attention stays inside each cu_seqlens row."""
-
-    def __init__(self, vocab: int = VOCAB, hidden: int = 32, layers: int = 2) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        self.pos = nn.Embedding(128, hidden)
-        self.qkv = nn.ModuleList(nn.Linear(hidden, 3 * hidden) for _ in range(layers))
-        self.mlp = nn.ModuleList(
-            nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.GELU(), nn.Linear(2 * hidden, hidden))
-            for _ in range(layers)
-        )
-        self.head = nn.Linear(hidden, vocab)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        t = input_ids.shape[1]
-        if position_ids is None:
-            position_ids = torch.arange(t)[None]
-        if cu_seqlens is None:
-            cu_seqlens = torch.tensor([0, t])
-        row = torch.repeat_interleave(
-            torch.arange(len(cu_seqlens) - 1), (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-        )
-        idx = torch.arange(t)
-        allowed = (row[:, None] == row[None, :]) & (idx[None, :] <= idx[:, None])
-        x = self.embed(input_ids) + self.pos(position_ids)
-        for qkv, mlp in zip(self.qkv, self.mlp, strict=True):
-            q, k, v = qkv(x).chunk(3, dim=-1)
-            att = (q @ k.transpose(1, 2)) / q.shape[-1] ** 0.5
-            x = x + torch.softmax(att.masked_fill(~allowed, float("-inf")), -1) @ v
-            x = x + mlp(x)
-        return self.head(x)
+ARGS = ModelArgs(
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=8, attention_bias=True,
+)
 
 
 def make_model(seed: int = 0) -> nn.Module:
-    """The model every invariance test uses (same seed → same weights in every process)."""
-    torch.manual_seed(seed)
-    return StandInLM()
+    """The real tiny decoder (PyTorch varlen attention); same seed → same weights."""
+    return init_model(ARGS, seed)
 
 
 def make_rows(num_rows: int = 12, seed: int = 0) -> tuple[list[Row], list[float]]:
@@ -159,13 +127,19 @@ def test_invariance_holds_off_policy_with_clipping(setup) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    one = with_old_logprobs(micro_batches_for(rows, advantages, groups_one), old[0])
-    many = with_old_logprobs(micro_batches_for(rows, advantages, groups_many), old[1])
+    # the pre-step policy doubles as the KL reference, so the KL term is live too
+    one = [msgspec.structs.replace(mb, ref_logprobs=mb.old_logprobs) for mb in
+           with_old_logprobs(micro_batches_for(rows, advantages, groups_one), old[0])]
+    many = [msgspec.structs.replace(mb, ref_logprobs=mb.old_logprobs) for mb in
+            with_old_logprobs(micro_batches_for(rows, advantages, groups_many), old[1])]
+    cfg = msgspec.structs.replace(CFG, kl_coef=0.5)
     model.zero_grad(set_to_none=True)
-    stats = forward_backward(model, one, CFG)
+    stats = forward_backward(model, one, cfg)
     assert stats.clip_frac_low + stats.clip_frac_high > 0  # clipping is exercised
+    assert stats.kl_loss > 0
     grad_one = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-    assert torch.allclose(gradient(model, many), grad_one, atol=1e-6, rtol=0)
+    assert torch.allclose(gradient(model, many, cfg), grad_one, atol=1e-6, rtol=0)
+    assert (gradient(model, many, CFG) - grad_one).abs().max() > 1e-5  # KL changed it
 
 
 def test_first_update_stats_by_hand(setup) -> None:
