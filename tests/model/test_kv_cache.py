@@ -1,0 +1,97 @@
+"""KV-cached decoding gives the logits of the uncached forward (fp32, within 1e-5)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentrl.model import load_pretrained
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module", params=["tiny_qwen2", "tiny_qwen3"])
+def model(request):
+    return load_pretrained(request.getfixturevalue(request.param)).eval()
+
+
+def tokens(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 500, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def test_prefill_then_step_decode_equals_full_forward(model):
+    seq = tokens(16, 0)
+    full = model(seq.unsqueeze(0))[0]
+    cache = model.new_kv_cache(num_slots=2, max_len=32)
+    slot = torch.tensor([1])
+    out = [model.forward_cached(seq[:6].unsqueeze(0), slot, cache)[0]]
+    for t in range(6, 16):
+        out.append(model.forward_cached(seq[t : t + 1].unsqueeze(0), slot, cache)[0])
+    assert torch.allclose(torch.cat(out), full, atol=TOL, rtol=0)
+    assert cache.lengths.tolist() == [0, 16]
+
+
+@torch.no_grad()
+def test_slots_of_different_lengths_decode_together(model):
+    seqs = {0: tokens(12, 1), 2: tokens(5, 2), 3: tokens(9, 3)}
+    prompt_len = {0: 7, 2: 1, 3: 4}
+    cache = model.new_kv_cache(num_slots=4, max_len=16)
+    got: dict[int, list[torch.Tensor]] = {}
+    for slot, seq in seqs.items():
+        p = prompt_len[slot]
+        got[slot] = [model.forward_cached(seq[:p].unsqueeze(0), torch.tensor([slot]), cache)[0]]
+    # decode one token per active slot per step; slots end at different times
+    for step in range(11):
+        active = [s for s in seqs if prompt_len[s] + step < len(seqs[s])]
+        if not active:
+            break
+        ids = torch.stack(
+            [seqs[s][prompt_len[s] + step : prompt_len[s] + step + 1] for s in active]
+        )
+        logits = model.forward_cached(ids, torch.tensor(active), cache)
+        for i, s in enumerate(active):
+            got[s].append(logits[i])
+    for slot, seq in seqs.items():
+        expected = model(seq.unsqueeze(0))[0]
+        assert torch.allclose(torch.cat(got[slot]), expected, atol=TOL, rtol=0), slot
+    assert cache.lengths.tolist() == [12, 0, 5, 9]
+
+
+@torch.no_grad()
+def test_multi_token_append_to_live_slots(model):
+    """An observation of several tokens appended to two slots at once."""
+    a, b = tokens(14, 4), tokens(14, 5)
+    cache = model.new_kv_cache(num_slots=2, max_len=20)
+    model.forward_cached(a[:5].unsqueeze(0), torch.tensor([0]), cache)
+    model.forward_cached(b[:8].unsqueeze(0), torch.tensor([1]), cache)
+    # same T for both rows, different histories
+    ids = torch.stack([a[5:9], b[8:12]])
+    logits = model.forward_cached(ids, torch.tensor([0, 1]), cache)
+    assert torch.allclose(logits[0], model(a[:9].unsqueeze(0))[0, 5:], atol=TOL, rtol=0)
+    assert torch.allclose(logits[1], model(b[:12].unsqueeze(0))[0, 8:], atol=TOL, rtol=0)
+
+
+@torch.no_grad()
+def test_reset_reuses_a_slot(model):
+    cache = model.new_kv_cache(num_slots=1, max_len=10)
+    model.forward_cached(tokens(9, 6).unsqueeze(0), torch.tensor([0]), cache)
+    cache.reset(0)
+    seq = tokens(6, 7)
+    got = model.forward_cached(seq.unsqueeze(0), torch.tensor([0]), cache)
+    assert torch.allclose(got[0], model(seq.unsqueeze(0))[0], atol=TOL, rtol=0)
+
+
+def test_overflow_is_refused_with_the_slot_named(model):
+    cache = model.new_kv_cache(num_slots=2, max_len=8)
+    with torch.no_grad():
+        model.forward_cached(tokens(6, 8).unsqueeze(0), torch.tensor([1]), cache)
+        with pytest.raises(ValueError, match="slot 1 holds 6 tokens; adding 3 .*max_len=8"):
+            model.forward_cached(tokens(3, 9).unsqueeze(0), torch.tensor([1]), cache)
+    assert cache.lengths.tolist() == [0, 6]
+
+
+def test_duplicate_slots_are_refused(model):
+    cache = model.new_kv_cache(num_slots=2, max_len=8)
+    with pytest.raises(ValueError, match="each slot once"):
+        model.forward_cached(torch.zeros(2, 1, dtype=torch.long), torch.tensor([0, 0]), cache)
