@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrl.packing import CostModel, collate, pack, plan_micro_batches, report
+from agentrl.packing import CostModel, balance, collate, pack, plan_micro_batches, report
 from agentrl.types import Row
 
 COST = CostModel(a=100.0, b=1.0)
@@ -38,6 +38,20 @@ def test_plan_covers_rows_once_with_equal_micro_batch_counts(
     placed = sorted(i for p in plan for mb in p for i in mb)
     assert placed == list(range(len(lengths)))
     assert all(sum(lengths[i] for i in mb) <= budget for p in plan for mb in p)
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths=lengths_st, num_ranks=st.integers(1, 6))
+def test_balance_places_each_row_once_within_the_greedy_bound(
+    lengths: list[int], num_ranks: int
+) -> None:
+    ranks = balance(lengths, num_ranks, COST)
+    assert len(ranks) == num_ranks
+    assert sorted(i for r in ranks for i in r) == list(range(len(lengths)))
+    costs = [sum(COST.cost(lengths[i]) for i in r) for r in ranks]
+    # greedy list scheduling guarantee (swaps only lower the max): max <= mean + costliest row
+    biggest = max((COST.cost(n) for n in lengths), default=0.0)
+    assert max(costs) <= sum(costs) / num_ranks + biggest + 1e-6
 
 
 def test_overlong_row_is_refused_with_index_length_budget_and_fix() -> None:
