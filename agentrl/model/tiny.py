@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    trainers,
+)
 
 from agentrl.model.args import ModelArgs
 from agentrl.model.chat_template import QWEN25_CHAT_TEMPLATE
@@ -24,6 +33,10 @@ from agentrl.model.model import CausalLM
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS) + len(TOOL_TOKENS) + 1  # bytes + added + one merge
 
 WORDS = (
@@ -66,7 +79,15 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int) -> Tokenizer:
             f"vocab_size {vocab_size} is too small; a byte-level BPE needs >= {MIN_VOCAB}"
         )
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # Qwen2's pipeline exactly: transformers' Qwen2Tokenizer rebuilds it from the vocab, so
+    # any other pipeline would tokenize differently there (and in vLLM) than here.
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     num_added = len(SPECIAL_TOKENS) + len(TOOL_TOKENS)
     trainer = trainers.BpeTrainer(
