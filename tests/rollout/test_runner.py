@@ -1,0 +1,134 @@
+"""The group runner: ids, shared task seeds, concurrency, and dynamic sampling."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentrl.config import config_from_dict
+from agentrl.rollout.runner import RolloutRunner, drop_reason
+from agentrl.sampler import EnvironmentSampler
+from agentrl.types import Group, Rollout
+from tests.rollout.stand_ins import LongEnv, ScriptedEngine
+
+
+def make_config(filter_uniform=False, extra=2, envs=("long",), group_size=4):
+    return config_from_dict({
+        "environments": [{"id": f"test:{name}", "name": name} for name in envs],
+        "batch": {"rollout_batch_size": 2, "n_samples_per_prompt": group_size,
+                  "global_batch_size": 2 * group_size},
+        "rollout": {"filter_uniform_groups": filter_uniform, "max_extra_collections": extra,
+                    "max_turns": 6},
+    })
+
+
+def win_on_even_seed(tokenizer):
+    """A policy whose reply depends on the rollout's sampling seed: rewards vary in a group."""
+    return lambda prompt, params: "win" if params.seed % 2 == 0 else "lose"
+
+
+def make_runner(tokenizer, config, env_factory, policy=None):
+    engine = ScriptedEngine(tokenizer, policy or win_on_even_seed(tokenizer))
+    names = [e.display_name() for e in config.environments]
+    sampler = EnvironmentSampler({n: 1.0 for n in names}, seed=0)
+    return RolloutRunner(config, engine, tokenizer, sampler, make_env=env_factory), engine
+
+
+def test_groups_share_task_seed_and_have_explicit_ids(tokenizer):
+    envs: list[LongEnv] = []
+
+    def factory(env_config):
+        envs.append(LongEnv(horizon=2))
+        return envs[-1]
+
+    runner, engine = make_runner(tokenizer, make_config(), factory)
+    result = asyncio.run(runner.collect(step=3, num_rollouts_needed=8))
+    assert sorted(g.group_id for g in result.groups) == ["s3-g0", "s3-g1"]
+    for group in result.groups:
+        assert [r.rollout_id for r in group.rollouts] == [
+            f"{group.group_id}-r{j}" for j in range(4)]
+        prompts = {tuple(r.segments[0].token_ids[: r.segments[0].num_prompt_tokens])
+                   for r in group.rollouts}
+        assert len(prompts) == 1  # one task per group
+    assert len({e.seed for e in envs}) == 2 and len(envs) == 8
+    assert all(e.closed for e in envs)
+    assert len(result.rollouts) == 8 and result.dropped == {}
+
+
+def test_rollouts_of_a_collection_run_concurrently(tokenizer):
+    # 8 rollouts of 2 steps sleeping 0.1 s each: sequential would take >= 1.6 s
+    runner, _ = make_runner(tokenizer, make_config(), lambda c: LongEnv(horizon=2,
+                                                                         delay_s=0.1))
+    loop = asyncio.new_event_loop()
+    start = loop.time()
+    loop.run_until_complete(runner.collect(0, 8))
+    assert loop.time() - start < 1.0
+    loop.close()
+
+
+def test_a_failing_env_invalidates_rollouts_and_collection_goes_on(tokenizer):
+    count = {"n": 0}
+
+    def factory(env_config):
+        count["n"] += 1
+        return LongEnv(horizon=2, fail_at=1 if count["n"] % 4 == 1 else None)
+
+    runner, _ = make_runner(tokenizer, make_config(), factory)
+    result = asyncio.run(runner.collect(0, 8))
+    invalid = [r for r in result.rollouts if not r.valid]
+    assert len(invalid) == 2 and len(result.rollouts) == 8
+    assert all("tool crashed" in r.stats.error for r in invalid)
+
+
+def test_dynamic_sampling_keeps_only_groups_with_signal(tokenizer):
+    def factory(env_config):
+        return LongEnv(horizon=1)
+
+    # seeds alternate by rollout, so some groups mix wins and losses; retry until kept
+    runner, _ = make_runner(tokenizer, make_config(filter_uniform=True, extra=20), factory)
+    result = asyncio.run(runner.collect(0, 8))
+    assert len(result.rollouts) >= 8 and result.fallback_groups == 0
+    assert all(drop_reason(g) is None for g in result.groups)
+    dropped = sum(sum(v.values()) for v in result.dropped.values())
+    assert set(result.dropped) <= {"long"}
+    ids = [g.group_id for g in result.groups]
+    assert len(set(ids)) == len(ids)
+    assert result.num_rounds >= 1 and dropped + len(result.groups) >= 2
+
+
+def test_uniform_groups_hit_the_cap_and_fall_back_with_a_warning(tokenizer):
+    runner, _ = make_runner(tokenizer, make_config(filter_uniform=True, extra=2),
+                            lambda c: LongEnv(horizon=1, reward=0.5))
+    with pytest.warns(UserWarning, match="max_extra_collections"):
+        result = asyncio.run(runner.collect(0, 8))
+    assert result.num_rounds == 3
+    assert result.dropped == {"long": {"uniform reward 0.5": 6}}  # 2 groups × 3 rounds
+    assert result.fallback_groups == 2 and len(result.rollouts) == 8
+
+
+def test_all_invalid_groups_are_counted_by_reason(tokenizer):
+    runner, _ = make_runner(tokenizer, make_config(filter_uniform=True, extra=0),
+                            lambda c: LongEnv(horizon=2, fail_at=1))
+    with pytest.warns(UserWarning):
+        result = asyncio.run(runner.collect(0, 8))
+    assert result.dropped == {"long": {"all invalid": 2}}
+
+
+def test_drop_reason_examples():
+    def group(*rewards, valid=None):
+        valid = valid or [True] * len(rewards)
+        return Group("g", "e", [Rollout(f"r{i}", "g", "e", [], r, v)
+                                for i, (r, v) in enumerate(zip(rewards, valid, strict=True))])
+
+    assert drop_reason(group(1.0, 1.0)) == "uniform reward 1"
+    assert drop_reason(group(1.0, 0.0)) is None
+    assert drop_reason(group(1.0, 0.0, valid=[True, False])) == "uniform reward 1"
+    assert drop_reason(group(1.0, 0.0, valid=[False, False])) == "all invalid"
+
+
+def test_environment_shares_follow_weights(tokenizer):
+    config = make_config(envs=("a", "b"))
+    runner, _ = make_runner(tokenizer, config, lambda c: LongEnv(horizon=1))
+    result = asyncio.run(runner.collect(0, 8))
+    assert sorted(g.env for g in result.groups) == ["a", "b"]
