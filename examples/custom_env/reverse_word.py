@@ -19,6 +19,7 @@ class ReverseWordEnv(AgentEnv):
     """Reverse a word; reward 1.0 for the exact reversal."""
 
     max_turns = 3
+    eval_fraction = 0.25  # of a small word list: "token" and "gradient" are held out
 
     def __init__(self, words: tuple[str, ...] = WORDS, **kwargs):
         super().__init__(**kwargs)
