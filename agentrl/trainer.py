@@ -215,10 +215,24 @@ def step_metrics(
         metrics.update(rollout_figures([r for r in rollouts if r.env == name], f"env/{name}/"))
     metrics.update(loss_figures(updates))
     metrics.update(figures)
-    metrics.update(getattr(collection, "metrics", None) or {})
+    metrics.update(collection_figures(collection))
     metrics.update(cumulative(run.state))
     metrics.update({f"time/{phase}": s for phase, s in timer.seconds.items()})
     return metrics
+
+
+def collection_figures(collection: Any) -> dict[str, float]:
+    """Dynamic sampling: rounds run, groups dropped per environment and reason."""
+    dropped = getattr(collection, "dropped", {}) or {}
+    out: dict[str, float] = {
+        "collection/num_rounds": getattr(collection, "num_rounds", 1),
+        "collection/fallback_groups": getattr(collection, "fallback_groups", 0),
+        "collection/dropped_groups": sum(sum(r.values()) for r in dropped.values()),
+    }
+    for env, reasons in dropped.items():
+        for reason, count in reasons.items():
+            out[f"env/{env}/dropped/{reason}"] = count
+    return out
 
 
 def rollout_figures(rollouts: list[Rollout], prefix: str) -> dict[str, float]:

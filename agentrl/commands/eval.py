@@ -1,0 +1,47 @@
+"""``agentrl eval CONFIG --checkpoint PATH``: accuracy per environment on held-out tasks."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "Evaluate a checkpoint: greedy accuracy per environment on held-out tasks."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments: config, checkpoint folder, number of tasks, overrides."""
+    parser.add_argument("config", help="TOML config file (its environments are evaluated)")
+    parser.add_argument("--checkpoint", required=True,
+                        help="a Hugging Face model folder, e.g. RUN/checkpoints/step_N")
+    parser.add_argument("--tasks", type=int, default=None,
+                        help="held-out tasks per environment (default: train.eval_tasks_per_env)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature (default 0: greedy)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE", help="override one setting (repeatable)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the checkpoint into an engine and print accuracy per environment."""
+    import asyncio
+
+    import msgspec
+    import torch
+
+    from agentrl.config import load_config
+    from agentrl.evaluation import evaluate
+    from agentrl.model import load_pretrained, load_tokenizer
+    from agentrl.trainer import build_engine
+
+    config = load_config(args.config, args.overrides)
+    config = msgspec.structs.replace(
+        config, model=msgspec.structs.replace(config.model, path=args.checkpoint))
+    model = load_pretrained(args.checkpoint, dtype=getattr(torch, config.model.dtype),
+                            attention=config.model.attention)
+    tokenizer = load_tokenizer(args.checkpoint)
+    engine = build_engine(config, model, tokenizer, args.checkpoint)
+    num_tasks = args.tasks or config.train.eval_tasks_per_env
+    accuracy = asyncio.run(evaluate(engine, tokenizer, config, num_tasks, args.temperature))
+    for name, value in accuracy.items():
+        print(f"{name:<20} accuracy {value:.3f}  ({num_tasks} held-out tasks)")
+    print(f"{'mean':<20} accuracy {sum(accuracy.values()) / len(accuracy):.3f}")
+    return 0

@@ -1,0 +1,92 @@
+"""Validation on held-out tasks: accuracy per environment, greedy, one rollout per task.
+
+Held-out tasks are the environments' ``eval`` split (``reset(seed=i,
+options={"split": "eval"})`` for ``i in range(n)``), which never shares a task with the
+training split; the same ``n`` tasks are used at every validation, so the curve compares
+like with like.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+
+from agentrl.config import Config, EnvironmentConfig
+from agentrl.types import Rollout
+
+
+class EvalSplit:
+    """An environment whose ``reset`` draws from the held-out split.
+
+    Wrapping keeps the rollout code unaware of splits: it calls ``reset(seed=...)`` as in
+    training and gets an eval task.
+    """
+
+    def __init__(self, env: Any) -> None:
+        """Wrap one environment instance."""
+        self.env = env
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        """``env.reset`` with ``options["split"] = "eval"``."""
+        return self.env.reset(seed=seed, options={**(options or {}), "split": "eval"})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+
+def is_correct(rollout: Rollout) -> float:
+    """1.0 when the rollout solved its task: the verifier's ``correct`` component if it
+    reports one, else a positive reward; invalid rollouts count as wrong."""
+    if not rollout.valid:
+        return 0.0
+    if "correct" in rollout.reward_components:
+        return float(rollout.reward_components["correct"] > 0)
+    return float(rollout.reward > 0)
+
+
+async def evaluate(
+    engine: Any, tokenizer: Any, config: Config, num_tasks: int, temperature: float = 0.0
+) -> dict[str, float]:
+    """Accuracy of the engine's policy on ``num_tasks`` held-out tasks of each environment."""
+    rollouts = await eval_rollouts(engine, tokenizer, config, num_tasks, temperature)
+    accuracy = {}
+    for env in config.environments:
+        name = env.display_name()
+        mine = [r for r in rollouts if r.env == name]
+        accuracy[name] = sum(map(is_correct, mine)) / len(mine) if mine else 0.0
+    return accuracy
+
+
+async def eval_rollouts(
+    engine: Any, tokenizer: Any, config: Config, num_tasks: int, temperature: float = 0.0
+) -> list[Rollout]:
+    """One rollout per held-out task of every environment (greedy by default)."""
+    from agentrl.rollout.multi_turn import RolloutSpec, play_rollout
+
+    rollout_cfg = msgspec.structs.replace(config.rollout, temperature=temperature)
+    limit = asyncio.Semaphore(config.rollout.max_concurrent_rollouts)
+
+    async def one(env_config: EnvironmentConfig, index: int) -> Rollout:
+        name = env_config.display_name()
+        spec = RolloutSpec(rollout_id=f"eval-{name}-{index}", group_id=f"eval-{name}-{index}",
+                           env=name, task_seed=index, sampling_seed=index)
+        async with limit:
+            env = EvalSplit(make_env(env_config))
+            try:
+                return await play_rollout(spec, env, engine, tokenizer, rollout_cfg,
+                                          config.compaction)
+            finally:
+                env.close()
+
+    return list(await asyncio.gather(*(
+        one(env, i) for env in config.environments for i in range(num_tasks)
+    )))
+
+
+def make_env(env_config: EnvironmentConfig) -> Any:
+    """An environment instance from its config entry."""
+    from agentrl.registry import make
+
+    return make(env_config.id, **env_config.kwargs)
