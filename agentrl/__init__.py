@@ -2,6 +2,29 @@
 
 The data flow of one training step is drawn in docs/architecture.md:
 sampler → rollouts (with compaction) → reassembler → advantages → packing → trainer.
+The public names below are imported lazily, so that ``agentrl --help`` stays fast.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "make": "agentrl.registry",
+    "AgentEnv": "agentrl.env",
+    "Task": "agentrl.env",
+    "Grade": "agentrl.env",
+    "tool": "agentrl.tools",
+    "load_config": "agentrl.config",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
