@@ -61,6 +61,8 @@ class _Context:
 
 
 class Attention(nn.Module):
+    """GQA self-attention with RoPE (and per-head q/k RMSNorm for qwen3)."""
+
     def __init__(self, args: ModelArgs, layer: int, backend: str) -> None:
         super().__init__()
         h, kvh, d = args.num_attention_heads, args.num_key_value_heads, args.head_dim
@@ -94,7 +96,9 @@ class Attention(nn.Module):
             out = out.transpose(1, 2)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
 
-    def _cached(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: _Context):
+    def _cached(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: _Context
+    ) -> torch.Tensor:
         assert ctx.cache is not None and ctx.slots is not None and ctx.positions is not None
         keys, values = ctx.cache.write(self.layer, ctx.slots, ctx.positions, k, v)
         out = masked_attention(q.transpose(1, 2), keys, values, ctx.mask)
@@ -102,6 +106,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         hid, inter, bias = args.hidden_size, args.intermediate_size, args.mlp_bias
@@ -114,6 +120,8 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
     def __init__(self, args: ModelArgs, layer: int, backend: str) -> None:
         super().__init__()
         self.self_attn = Attention(args, layer, backend)
