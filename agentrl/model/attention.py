@@ -48,14 +48,16 @@ def varlen_attention(
     v: torch.Tensor,
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
-    backend: Backend = "torch",
+    backend: Backend | None = None,
 ) -> torch.Tensor:
     """Causal attention within each row of a pack.
 
     q: [total, H, D]; k, v: [total, KVH, D] with H a multiple of KVH (GQA);
     cu_seqlens: int [num_rows + 1]. Returns [total, H, D]. The flash path needs a CUDA
     tensor in fp16/bf16; other inputs take the PyTorch path, which gives the same result.
+    ``backend`` None means flash-attn when available (HAS_FLASH_ATTN), else PyTorch.
     """
+    backend = backend or resolve_backend("auto")
     if backend == "flash" and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         return _flash(q, k, v, cu_seqlens, max_seqlen)
     return _torch_per_row(q, k, v, cu_seqlens)
