@@ -69,6 +69,11 @@ def args_from_hf(hf: dict[str, Any]) -> ModelArgs:
             f"config.json has model_type {model_type!r}; agentrl's native model supports "
             f"{', '.join(SUPPORTED_FAMILIES)}. Use a checkpoint of one of these families."
         )
+    if hf.get("use_sliding_window"):
+        raise ValueError(
+            "config.json sets use_sliding_window = true; agentrl's native model only does full "
+            "causal attention. Set it to false (Qwen2.5 checkpoints ship it false)."
+        )
     theta, scaling = _read_rope(hf)
     heads = hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or hf["hidden_size"] // heads

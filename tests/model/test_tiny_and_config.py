@@ -62,6 +62,12 @@ def test_classic_config_layout_is_read():
     assert default.rope_scaling is None
 
 
+def test_sliding_window_is_refused():
+    hf = {"model_type": "qwen2", "use_sliding_window": True}
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        args_from_hf(hf)
+
+
 def test_unknown_family_is_refused():
     with pytest.raises(ValueError, match="model_type 'gpt2'.*qwen2, qwen3, llama"):
         args_from_hf({"model_type": "gpt2"})
