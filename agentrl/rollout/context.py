@@ -18,8 +18,6 @@ from typing import Any
 
 import msgspec
 
-from agentrl.types import Message
-
 
 def as_dicts(messages: list[Any]) -> list[dict[str, Any]]:
     """Messages (``Message`` structs or dicts) as the plain dicts chat templates expect."""
@@ -117,8 +115,3 @@ class ChatContext:
         ]:
             delta_ids = delta_ids[1:]  # the model already emitted the end-of-turn token
         return turn, delta_ids
-
-
-def with_message(messages: list[dict[str, Any]], message: Message | dict) -> list[dict]:
-    """``messages`` plus one more (for compaction prompts)."""
-    return [*messages, *as_dicts([message])]

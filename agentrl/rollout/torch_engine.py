@@ -152,23 +152,29 @@ class TorchEngine:
                 continue
             request.slot = free.pop(0)
             cache.lengths[request.slot] = 0  # the slot's old contents are dead
-            input_ids = torch.tensor([request.prompt_ids], dtype=torch.long)
-            logits = self.model.forward_cached(input_ids, torch.tensor([request.slot]), cache)
+            device = cache.lengths.device
+            input_ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
+            slots = torch.tensor([request.slot], device=device)
+            logits = self.model.forward_cached(input_ids, slots, cache)
             self.num_forwards += 1
             self._active[request.slot] = request
-            self._append_sample(request, logits[0, -1])
+            # sample on CPU: per-request generators live there, and results stay device-free
+            self._append_sample(request, logits[0, -1].float().cpu())
 
     def _decode_step(self) -> None:
         """Feed every active slot's last token in one batched forward."""
         running = [r for r in self._active.values() if r.finish_reason is None]
         if not running:
             return
-        input_ids = torch.tensor([[r.token_ids[-1]] for r in running], dtype=torch.long)
-        slots = torch.tensor([r.slot for r in running], dtype=torch.long)
-        logits = self.model.forward_cached(input_ids, slots, self._cache)
+        device = self._cache.lengths.device
+        input_ids = torch.tensor([[r.token_ids[-1]] for r in running], dtype=torch.long,
+                                 device=device)
+        slots = torch.tensor([r.slot for r in running], dtype=torch.long, device=device)
+        last_logits = self.model.forward_cached(input_ids, slots, self._cache)[:, -1]
         self.num_forwards += 1
+        last_logits = last_logits.float().cpu()  # one transfer per step, not per request
         for i, request in enumerate(running):
-            self._append_sample(request, logits[i, -1])
+            self._append_sample(request, last_logits[i])
 
     def _append_sample(self, request: _Request, logits_v: torch.Tensor) -> None:
         params = request.params

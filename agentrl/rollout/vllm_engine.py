@@ -14,9 +14,9 @@ the reported log-prob is that of the truncated distribution (higher than the tra
 
 Weight sync: a small worker extension (``WeightLoaderExtension``) is injected into vLLM's
 workers; ``update_weights`` checks names and shapes against the checkpoint the engine
-started from (Hugging Face names, as ``save_pretrained`` writes them), sends the tensors in
-buckets through ``collective_rpc`` to ``model.load_weights`` and resets the prefix cache,
-so no KV computed under the old weights is reused.
+started from (Hugging Face names, as ``save_pretrained`` writes them), hands the tensors
+over in buckets (safetensors files in /dev/shm) through ``collective_rpc`` to the model's
+``load_weights``, and resets the prefix cache so no KV from the old weights is reused.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import concurrent.futures
 import itertools
 import json
 import logging
+import os
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Literal
@@ -42,9 +44,9 @@ INSTALL_HINT = (
 )
 EXTENSION_QUALNAME = "agentrl.rollout.vllm_engine.WeightLoaderExtension"
 LM_HEAD = "lm_head.weight"
-BUCKET_BYTES = 256 * 2**20
-"""Tensors per ``collective_rpc`` call are grouped up to this many bytes, bounding the
-serialised message size (each bucket is copied through vLLM's RPC channel)."""
+BUCKET_BYTES = 512 * 2**20
+"""Tensors are handed to vLLM's workers in files of up to this many bytes each, bounding
+the scratch space a sync needs."""
 
 
 class WeightSyncError(RuntimeError):
@@ -66,11 +68,15 @@ class WeightLoaderExtension:
     vLLM refuses an extension whose attributes clash with the worker's own.
     """
 
-    def agentrl_load_weights(self, names: list[str], tensors: list[torch.Tensor]) -> int:
-        """Load (name, tensor) pairs through the model's own loader; returns the count."""
+    def agentrl_load_weights_file(self, file: str) -> int:
+        """Load every tensor of a safetensors file through the model's own loader (which
+        maps HF names onto vLLM's fused parameters); returns how many were loaded."""
+        from safetensors.torch import load_file
+
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        model.load_weights(weights=list(zip(names, tensors, strict=True)))
-        return len(names)
+        weights = list(load_file(file).items())
+        model.load_weights(weights=weights)
+        return len(weights)
 
 
 class VLLMEngine:
@@ -230,12 +236,19 @@ class VLLMEngine:
         return from_vllm_output(final.outputs[0])
 
     async def _load(self, tensors: dict[str, torch.Tensor]) -> None:
-        for names in _buckets(tensors, BUCKET_BYTES):
-            await self._llm.collective_rpc(
-                "agentrl_load_weights",
-                timeout=self.sync_timeout_s,
-                args=(names, [tensors[n] for n in names]),
-            )
+        # Tensors travel as files: vLLM's RPC path to its workers pickles arguments, which
+        # fails on the zero-copy tensors its own decoder produces; a file in shared memory
+        # is also the cheapest hand-over between processes on one machine.
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory(prefix="agentrl-weights-", dir=_scratch_dir()) as tmp:
+            for i, names in enumerate(_buckets(tensors, BUCKET_BYTES)):
+                file = str(Path(tmp) / f"bucket-{i}.safetensors")
+                save_file({n: tensors[n] for n in names}, file)
+                await self._llm.collective_rpc(
+                    "agentrl_load_weights_file", timeout=self.sync_timeout_s, args=(file,)
+                )
+                Path(file).unlink()
         # cached prefixes hold keys/values computed with the old weights
         await self._llm.reset_prefix_cache()
 
@@ -318,6 +331,12 @@ def read_checkpoint_shapes(path: Path) -> tuple[dict[str, tuple[int, ...]], bool
     if tied:
         shapes.pop(LM_HEAD, None)
     return shapes, tied
+
+
+def _scratch_dir() -> str | None:
+    """/dev/shm where it is writable (RAM-backed), else the default temporary directory."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
 
 
 def _buckets(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
