@@ -132,3 +132,20 @@ def test_environment_shares_follow_weights(tokenizer):
     runner, _ = make_runner(tokenizer, config, lambda c: LongEnv(horizon=1))
     result = asyncio.run(runner.collect(0, 8))
     assert sorted(g.env for g in result.groups) == ["a", "b"]
+
+
+def test_registered_environment_with_the_torch_engine(tiny_model, tokenizer):
+    from agentrl.rollout.torch_engine import TorchEngine
+
+    config = config_from_dict({
+        "environments": [{"id": "agentrl/Countdown-v0", "name": "countdown"}],
+        "batch": {"rollout_batch_size": 1, "n_samples_per_prompt": 2, "global_batch_size": 2},
+        "rollout": {"max_new_tokens": 8},
+    })
+    engine = TorchEngine(tiny_model, tokenizer, max_len=2048)
+    runner = RolloutRunner(config, engine, tokenizer, EnvironmentSampler({"countdown": 1}, 0))
+    result = asyncio.run(runner.collect(0, 2))
+    assert [r.env for r in result.rollouts] == ["countdown", "countdown"]
+    for rollout in result.rollouts:
+        assert rollout.valid and 1 <= rollout.num_generated_tokens <= 8 * 8
+        assert rollout.segments[0].num_prompt_tokens > 0
