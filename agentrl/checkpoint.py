@@ -102,7 +102,7 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{state.step}-", dir=final.parent))
     try:
         save_pretrained(model, tmp)
-        _copy_tokenizer(tokenizer_dir, tmp)
+        copy_tokenizer_files(tokenizer_dir, tmp)
         capture_rng(state)
         (tmp / STATE_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(state)))
         torch.save(
@@ -123,7 +123,9 @@ def save_checkpoint(
     return final
 
 
-def _copy_tokenizer(src: str | Path | None, dst: Path) -> None:
+def copy_tokenizer_files(src: str | Path | None, dst: Path) -> None:
+    """Copy the tokenizer files of a model folder next to saved weights (a complete HF
+    folder needs both)."""
     if src is None:
         return
     for name in TOKENIZER_FILES:

@@ -13,19 +13,26 @@ knows the built-in Calculator and Countdown tasks.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import random
 import re
+import tempfile
 from collections.abc import Callable
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
+from agentrl.config import Config
 from agentrl.loss import token_logprobs
 from agentrl.packing import collate, pack
+from agentrl.reassembler import to_rows
 from agentrl.rollout.engine import Generation, SamplingParams
-from agentrl.types import Row
+from agentrl.types import Rollout, Row
 
 # --------------------------------------------------------------------------- demonstrations
 
@@ -143,3 +150,91 @@ def sft_step(model: torch.nn.Module, rows: list[Row], optimizer: torch.optim.Opt
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     return total
+
+
+# --------------------------------------------------------------------------- warm start
+
+
+class WarmStartConfig(msgspec.Struct, kw_only=True):
+    """How to build and train a warm-start checkpoint."""
+
+    num_steps: int = 600
+    """Optimizer steps of supervised training."""
+    rows_per_step: int = 32
+    num_demonstrations: int = 2000
+    """Demonstration rollouts played (each environment by its weight)."""
+    lr: float = 3e-3
+    hidden_size: int = 128
+    """Tiny model width, when no model.path is given."""
+    num_layers: int = 2
+    vocab_size: int = 1024
+    seed: int = 0
+
+
+async def play_demonstrations(config: Config, tokenizer: Any, num_rollouts: int,
+                              seed: int) -> list[Rollout]:
+    """Correct rollouts of the scripted policy, with the runner's exact token layout."""
+    from agentrl.rollout.runner import RolloutRunner
+    from agentrl.sampler import EnvironmentSampler
+
+    single = msgspec.structs.replace(
+        config,
+        batch=msgspec.structs.replace(config.batch, n_samples_per_prompt=1),
+        environments=[msgspec.structs.replace(e, group_size=1) for e in config.environments],
+    )
+    weights = {e.display_name(): e.weight for e in config.environments}
+    runner = RolloutRunner(single, DemoEngine(tokenizer), tokenizer,
+                           EnvironmentSampler(weights, seed))
+    result = await runner.collect(0, num_rollouts)
+    return [r for r in result.rollouts if r.valid and r.reward > 0]
+
+
+def tokenizer_corpus(config: Config, num_rollouts: int = 300) -> list[str]:
+    """Text of demonstration episodes, so the tiny tokenizer has merges for the task text
+    (prompts of a few hundred tokens instead of over a thousand)."""
+    from agentrl.model import build_tiny_checkpoint, load_tokenizer
+    from agentrl.model.tiny import default_corpus
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bootstrap = load_tokenizer(build_tiny_checkpoint(Path(tmp) / "bootstrap"))
+        rollouts = asyncio.run(play_demonstrations(config, bootstrap, num_rollouts, seed=12345))
+        texts = [bootstrap.decode(s.token_ids) for r in rollouts for s in r.segments]
+    return list(default_corpus(0)) + texts * 3
+
+
+def warm_start(config: Config, out: str | Path, ws: WarmStartConfig,
+               log: Callable[[str], None] = print) -> Path:
+    """Build (or load ``model.path``), train on demonstrations, save an HF folder to ``out``."""
+    from agentrl.checkpoint import copy_tokenizer_files
+    from agentrl.model import (
+        build_tiny_checkpoint,
+        load_pretrained,
+        load_tokenizer,
+        save_pretrained,
+    )
+
+    torch.manual_seed(ws.seed)
+    out = Path(out)
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(config.model.path) if config.model.path else build_tiny_checkpoint(
+            Path(tmp) / "base", hidden_size=ws.hidden_size, num_layers=ws.num_layers,
+            num_heads=max(1, ws.hidden_size // 32), num_kv_heads=max(1, ws.hidden_size // 64),
+            vocab_size=ws.vocab_size, corpus=tokenizer_corpus(config), seed=ws.seed)
+        model = load_pretrained(source)
+        tokenizer = load_tokenizer(source)
+        rollouts = asyncio.run(play_demonstrations(config, tokenizer, ws.num_demonstrations,
+                                                   ws.seed))
+        rows = to_rows(rollouts)
+        log(f"{len(rollouts)} demonstrations, {len(rows)} rows, "
+            f"{sum(r.num_generated_tokens for r in rows)} generated tokens")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr)
+        rng = random.Random(ws.seed)
+        budget = max(len(r.token_ids) for r in rows) * 4
+        for step in range(ws.num_steps):
+            loss = sft_step(model, rng.sample(rows, min(ws.rows_per_step, len(rows))),
+                            optimizer, budget)
+            if step % 50 == 0 or step == ws.num_steps - 1:
+                log(f"sft step {step}: loss {loss:.4f} per generated token")
+        save_pretrained(model, out)
+        copy_tokenizer_files(source, out)
+    return out
