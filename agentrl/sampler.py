@@ -3,7 +3,8 @@
 Every collection gives each environment ⌊n·w⌋ or ⌈n·w⌉ of its n groups. The extra
 groups (n minus the floors) go to the environments with the largest remainders, and
 the remainders an environment did not get are carried to the next collection, so the
-long-run shares converge to the weights (the gap stays below one group per environment).
+long-run shares converge to the weights (each environment's cumulative count stays
+within about one group of its exact share, never two).
 """
 
 from __future__ import annotations
