@@ -35,7 +35,8 @@ class RolloutSpec(msgspec.Struct, frozen=True):
 
 
 class EnvError(Exception):
-    """The environment raised or timed out; the rollout becomes invalid."""
+    """The environment raised or timed out, or the engine refused a request; the rollout
+    becomes invalid."""
 
 
 class RolloutPlayer:
@@ -92,6 +93,15 @@ class RolloutPlayer:
         except Exception as exc:  # any environment crash invalidates only this rollout
             raise EnvError(f"env.{what} raised {type(exc).__name__}: {exc}") from exc
 
+    async def _generate(self, params: SamplingParams) -> Any:
+        """One engine call; a request the engine refuses (e.g. a context past its
+        max_len) invalidates this rollout only, never the whole collection."""
+        assert self.current is not None
+        try:
+            return await self.engine.generate(list(self.current.token_ids), params)
+        except ValueError as exc:
+            raise EnvError(f"engine refused the request: {exc}") from exc
+
     def _params(self, max_tokens: int) -> SamplingParams:
         seed = self.spec.sampling_seed
         return SamplingParams(
@@ -112,7 +122,7 @@ class RolloutPlayer:
                 self.stats.truncated = True
                 return
             params = self._params(budget)
-            generation = await self.engine.generate(list(self.current.token_ids), params)
+            generation = await self._generate(params)
             self.current.add_generated(generation.token_ids, generation.logprobs)
             self.stats.num_turns += 1
             text = context.assistant_text(generation.token_ids, self.stop_ids)

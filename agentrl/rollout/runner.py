@@ -49,7 +49,7 @@ class CollectionResult(msgspec.Struct):
 
 def drop_reason(group: Group) -> str | None:
     """Why a group carries no learning signal, or None when it does."""
-    valid = [r.reward for r in group.rollouts if r.valid]
+    valid = [r.reward for r in group.rollouts if r.trainable]
     if not valid:
         return "all invalid"
     if len(set(valid)) == 1:

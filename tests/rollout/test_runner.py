@@ -149,3 +149,33 @@ def test_registered_environment_with_the_torch_engine(tiny_model, tokenizer):
     for rollout in result.rollouts:
         assert rollout.valid and 1 <= rollout.num_generated_tokens <= 8 * 8
         assert rollout.segments[0].num_prompt_tokens > 0
+
+
+def test_groups_finish_out_of_order_and_are_kept_as_they_complete(tokenizer):
+    created = {"n": 0}
+
+    def factory(env_config):
+        created["n"] += 1  # the first group's four rollouts are slow
+        return LongEnv(horizon=1, delay_s=0.3 if created["n"] <= 4 else 0.0)
+
+    runner, _ = make_runner(tokenizer, make_config(), factory)
+    result = asyncio.run(runner.collect(0, 8))
+    assert [g.group_id for g in result.groups] == ["s0-g1", "s0-g0"]
+
+
+def test_an_engine_refusal_invalidates_only_that_rollout(tokenizer):
+    class RefusingEngine(ScriptedEngine):
+        async def generate(self, prompt_ids, params):
+            if params.seed % 3 == 0:
+                raise ValueError("prompt of 5000 tokens exceeds max_len 4096")
+            return await super().generate(prompt_ids, params)
+
+    config = make_config()
+    names = [e.display_name() for e in config.environments]
+    engine = RefusingEngine(tokenizer, win_on_even_seed(tokenizer))
+    runner = RolloutRunner(config, engine, tokenizer, EnvironmentSampler({n: 1.0 for n in names},
+                           seed=0), make_env=lambda c: LongEnv(horizon=1))
+    result = asyncio.run(runner.collect(0, 8))
+    refused = [r for r in result.rollouts if not r.valid]
+    assert len(result.rollouts) == 8 and 0 < len(refused) < 8
+    assert all("engine refused the request: prompt of 5000" in r.stats.error for r in refused)
