@@ -195,6 +195,10 @@ def tokenizer_corpus(config: Config, num_rollouts: int = 300) -> list[str]:
     from agentrl.model import build_tiny_checkpoint, load_tokenizer
     from agentrl.model.tiny import default_corpus
 
+    # the bootstrap tokenizer makes long prompts: no compaction, so no episode is cut short
+    config = msgspec.structs.replace(
+        config, compaction=msgspec.structs.replace(config.compaction, strategy="none"),
+        rollout=msgspec.structs.replace(config.rollout, max_rollout_tokens=4096))
     with tempfile.TemporaryDirectory() as tmp:
         bootstrap = load_tokenizer(build_tiny_checkpoint(Path(tmp) / "bootstrap"))
         rollouts = asyncio.run(play_demonstrations(config, bootstrap, num_rollouts, seed=12345))
@@ -202,9 +206,10 @@ def tokenizer_corpus(config: Config, num_rollouts: int = 300) -> list[str]:
     return list(default_corpus(0)) + texts * 3
 
 
-def warm_start(config: Config, out: str | Path, ws: WarmStartConfig,
+def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str | None = None,
                log: Callable[[str], None] = print) -> Path:
-    """Build (or load ``model.path``), train on demonstrations, save an HF folder to ``out``."""
+    """Load ``base`` (or build a new tiny model), train it on demonstrations of the config's
+    environments, save an HF folder to ``out``."""
     from agentrl.checkpoint import copy_tokenizer_files
     from agentrl.model import (
         build_tiny_checkpoint,
@@ -216,7 +221,7 @@ def warm_start(config: Config, out: str | Path, ws: WarmStartConfig,
     torch.manual_seed(ws.seed)
     out = Path(out)
     with tempfile.TemporaryDirectory() as tmp:
-        source = Path(config.model.path) if config.model.path else build_tiny_checkpoint(
+        source = Path(base) if base else build_tiny_checkpoint(
             Path(tmp) / "base", hidden_size=ws.hidden_size, num_layers=ws.num_layers,
             num_heads=max(1, ws.hidden_size // 32), num_kv_heads=max(1, ws.hidden_size // 64),
             vocab_size=ws.vocab_size, corpus=tokenizer_corpus(config), seed=ws.seed)

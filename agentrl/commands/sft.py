@@ -15,6 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = WarmStartConfig()
     parser.add_argument("config", help="TOML config (its environments and model.path)")
     parser.add_argument("--out", required=True, help="folder for the trained model")
+    parser.add_argument("--base", default=None,
+                        help="model folder to start from (default: a new tiny model whose "
+                             "tokenizer is fitted to the environments' text)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override one config setting")
     for name in ("num_steps", "rows_per_step", "num_demonstrations", "hidden_size",
@@ -32,6 +35,6 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     ws = WarmStartConfig(**{f: getattr(args, f) for f in WarmStartConfig.__struct_fields__})
-    out = warm_start(config, args.out, ws)
+    out = warm_start(config, args.out, ws, base=args.base)
     print(f"wrote {out}")
     return 0
