@@ -27,6 +27,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -62,21 +63,72 @@ def _import_vllm() -> Any:
 
 
 class WeightLoaderExtension:
-    """Mixed into vLLM's worker class (``worker_extension_cls``): loads HF-named tensors.
+    """Mixed into vLLM's worker class (``worker_extension_cls``): in-place weight reloads.
 
-    Runs inside vLLM's worker process. Method names carry the ``agentrl_`` prefix because
-    vLLM refuses an extension whose attributes clash with the worker's own.
+    Runs inside vLLM's worker process. A sync is a session, as in vLLM's own
+    ``reload_weights``: ``begin`` puts every layer into layerwise-reload mode (a layer is
+    re-processed into its kernel layout, e.g. the CPU build's packed linear weights, once
+    all of its tensors have arrived), ``load`` feeds one bucket file of HF-named tensors,
+    ``finish`` processes what is left and restores the normal loaders. Method names carry
+    the ``agentrl_`` prefix because vLLM refuses extension attributes that clash with the
+    worker's own.
     """
 
-    def agentrl_load_weights_file(self, file: str) -> int:
-        """Load every tensor of a safetensors file through the model's own loader (which
-        maps HF names onto vLLM's fused parameters); returns how many were loaded."""
-        from safetensors.torch import load_file
+    def agentrl_begin_reload(self) -> None:
+        """Start a reload session on the worker's model."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import (
+            initialize_layerwise_reload,
+        )
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        self._agentrl_ties = _shared_parameters(model)
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            initialize_layerwise_reload(model)
+
+    def agentrl_load_file(self, file: str) -> int:
+        """Load every tensor of one safetensors bucket through the model's own loader (it
+        maps HF names onto vLLM's fused parameters); returns how many were loaded."""
+        from safetensors.torch import load_file
+        from vllm.config import set_current_vllm_config
+
         weights = list(load_file(file).items())
-        model.load_weights(weights=weights)
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            self.model_runner.get_model().load_weights(weights=weights)  # type: ignore[attr-defined]
         return len(weights)
+
+    def agentrl_finish_reload(self) -> None:
+        """End the session: process remaining layers, restore the normal loaders, re-tie
+        shared parameters. A tied lm_head receives no tensor of its own, so the reload
+        leaves it on its old tensor and old derived kernels; both are redone here."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        config = self.vllm_config  # type: ignore[attr-defined]
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        with set_current_vllm_config(config):
+            finalize_layerwise_reload(model, config.model_config)
+        for (src_module, src_name), (dst_module, dst_name) in self._agentrl_ties:
+            holder = model.get_submodule(dst_module)
+            setattr(holder, dst_name, getattr(model.get_submodule(src_module), src_name))
+            # kernels derived from the weight (the CPU build's packed GEMM) are rebuilt
+            method = getattr(holder, "quant_method", None)
+            if method is not None:
+                method.process_weights_after_loading(holder)
+
+
+def _shared_parameters(model: torch.nn.Module) -> list[tuple[tuple[str, str], tuple[str, str]]]:
+    """(first holder, other holder) of every parameter held by two modules, as
+    (module name, attribute) pairs; the first holder is the one the checkpoint loads."""
+    first: dict[int, tuple[str, str]] = {}
+    ties = []
+    for module_name, module in model.named_modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in first:
+                ties.append((first[id(param)], (module_name, name)))
+            else:
+                first[id(param)] = (module_name, name)
+    return ties
 
 
 class VLLMEngine:
@@ -241,14 +293,20 @@ class VLLMEngine:
         # is also the cheapest hand-over between processes on one machine.
         from safetensors.torch import save_file
 
+        # No timeout inside vLLM: a timed-out call there leaves a stale reply in its worker
+        # queue that a later call would read. The caller's timeout (update_weights) bounds
+        # the wait instead; calls queue in order behind an abandoned one.
+        rpc = self._llm.collective_rpc
         with tempfile.TemporaryDirectory(prefix="agentrl-weights-", dir=_scratch_dir()) as tmp:
-            for i, names in enumerate(_buckets(tensors, BUCKET_BYTES)):
-                file = str(Path(tmp) / f"bucket-{i}.safetensors")
-                save_file({n: tensors[n] for n in names}, file)
-                await self._llm.collective_rpc(
-                    "agentrl_load_weights_file", timeout=self.sync_timeout_s, args=(file,)
-                )
-                Path(file).unlink()
+            await rpc("agentrl_begin_reload")
+            try:
+                for i, names in enumerate(_buckets(tensors, BUCKET_BYTES)):
+                    file = str(Path(tmp) / f"bucket-{i}.safetensors")
+                    save_file({n: tensors[n] for n in names}, file)
+                    await rpc("agentrl_load_file", args=(file,))
+                    Path(file).unlink()
+            finally:  # also after a failure: leave the model with its normal loaders
+                await rpc("agentrl_finish_reload")
         # cached prefixes hold keys/values computed with the old weights
         await self._llm.reset_prefix_cache()
 
@@ -334,9 +392,12 @@ def read_checkpoint_shapes(path: Path) -> tuple[dict[str, tuple[int, ...]], bool
 
 
 def _scratch_dir() -> str | None:
-    """/dev/shm where it is writable (RAM-backed), else the default temporary directory."""
+    """/dev/shm (RAM-backed) where it is writable and has room for two buckets (container
+    defaults can be 64 MB), else the default temporary directory."""
     shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    if not (os.path.isdir(shm) and os.access(shm, os.W_OK)):
+        return None
+    return shm if shutil.disk_usage(shm).free > 2 * BUCKET_BYTES else None
 
 
 def _buckets(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
