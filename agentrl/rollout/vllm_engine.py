@@ -266,10 +266,16 @@ class VLLMEngine:
         """Stop vLLM's processes and the engine's loop thread."""
         if self._llm is None:
             return
-        self._llm.shutdown()
-        self._llm = None
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        llm, self._llm = self._llm, None
+
+        async def stop() -> None:  # on the engine's loop, where vLLM's tasks live
+            llm.shutdown()
+
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=60)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
 
     # ------------------------------------------------------------------ internals
 
@@ -298,8 +304,8 @@ class VLLMEngine:
         # the wait instead; calls queue in order behind an abandoned one.
         rpc = self._llm.collective_rpc
         with tempfile.TemporaryDirectory(prefix="agentrl-weights-", dir=_scratch_dir()) as tmp:
-            await rpc("agentrl_begin_reload")
-            try:
+            try:  # begin inside: a cancelled begin still reaches the worker, so finish too
+                await rpc("agentrl_begin_reload")
                 for i, names in enumerate(_buckets(tensors, BUCKET_BYTES)):
                     file = str(Path(tmp) / f"bucket-{i}.safetensors")
                     save_file({n: tensors[n] for n in names}, file)
