@@ -1,22 +1,17 @@
 """vLLM as an ``InferenceEngine``: token ids in, token ids and log-probs out.
 
-vLLM's async engine (``AsyncLLM``) runs in its own thread with its own event loop, so a
-``VLLMEngine`` serves callers on any loop (or none: ``update_weights`` is synchronous and
-blocks only the caller, with a timeout). Prompts go in as ``TokensPrompt`` ids, never text.
+vLLM's ``AsyncLLM`` runs on its own thread and event loop, so callers on any loop can await
+``generate``; ``update_weights`` is synchronous, with a timeout. Prompts go in as
+``TokensPrompt`` ids, never text.
 
-Log-probs: the engine starts with ``logprobs_mode="processed_logprobs"`` and asks for the
-sampled token's log-prob (``logprobs=0``). vLLM computes it after temperature scaling, so
-with ``top_p == 1`` it is ``log_softmax(logits / T)`` at the sampled token, the number the
-trainer recomputes (``agentrl.rollout.sampling``); greedy requests report
-``log_softmax(logits)``. With ``top_p < 1`` vLLM renormalises over the nucleus first, so
-the reported log-prob is that of the truncated distribution (higher than the trainer's by
-``-log(nucleus mass)``); ``TorchEngine`` reports the untruncated one.
+Log-probs: ``logprobs_mode="processed_logprobs"`` with ``logprobs=0`` gives the sampled
+token's log-prob after temperature: ``log_softmax(logits / T)``, what the trainer
+recomputes (greedy: ``log_softmax(logits)``). With ``top_p < 1`` vLLM renormalises over the
+nucleus first, so it reports the truncated distribution's log-prob (TorchEngine does not).
 
-Weight sync: a small worker extension (``WeightLoaderExtension``) is injected into vLLM's
-workers; ``update_weights`` checks names and shapes against the checkpoint the engine
-started from (Hugging Face names, as ``save_pretrained`` writes them), hands the tensors
-over in buckets (safetensors files in /dev/shm) through ``collective_rpc`` to the model's
-``load_weights``, and resets the prefix cache so no KV from the old weights is reused.
+Weight sync: ``update_weights`` checks HF names and shapes against the starting checkpoint,
+then a worker extension (``WeightLoaderExtension``) reloads the weights in place from
+safetensors bucket files, and the prefix cache is reset (no KV from old weights is reused).
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ import concurrent.futures
 import importlib.util
 import itertools
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -37,8 +31,6 @@ from typing import Any, Literal
 import torch
 
 from agentrl.rollout.engine import Generation, SamplingParams
-
-logger = logging.getLogger(__name__)
 
 INSTALL_HINT = (
     "the vLLM engine needs the vllm package: `pip install agentrl[gpu]` on a GPU machine, "
@@ -73,13 +65,11 @@ def _import_vllm() -> Any:
 class WeightLoaderExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``): in-place weight reloads.
 
-    Runs inside vLLM's worker process. A sync is a session, as in vLLM's own
-    ``reload_weights``: ``begin`` puts every layer into layerwise-reload mode (a layer is
-    re-processed into its kernel layout, e.g. the CPU build's packed linear weights, once
-    all of its tensors have arrived), ``load`` feeds one bucket file of HF-named tensors,
-    ``finish`` processes what is left and restores the normal loaders. Method names carry
-    the ``agentrl_`` prefix because vLLM refuses extension attributes that clash with the
-    worker's own.
+    Runs in vLLM's worker process. A sync is a session, as in vLLM's ``reload_weights``:
+    ``begin`` puts layers in layerwise-reload mode (each is re-processed into its kernel
+    layout, e.g. the CPU build's packed GEMM weights, once all its tensors arrived),
+    ``load`` feeds one bucket file, ``finish`` processes the rest and restores the loaders.
+    The ``agentrl_`` prefix avoids clashes with the worker's own attributes (vLLM refuses).
     """
 
     def agentrl_begin_reload(self) -> None:
@@ -161,9 +151,6 @@ class VLLMEngine:
         self._request_ids = itertools.count()
         self._num_in_flight = 0
         self._lock = threading.Lock()
-        self._warned_top_p = False
-
-    # ------------------------------------------------------------------ construction
 
     @classmethod
     def from_pretrained(
@@ -181,10 +168,9 @@ class VLLMEngine:
     ) -> VLLMEngine:
         """Start vLLM on a local Hugging Face folder (nothing is downloaded).
 
-        ``gpu_memory_utilization``: fraction of GPU memory vLLM may take (on the CPU build:
-        of host memory). ``kv_cache_memory_bytes`` sets the KV cache size directly instead
-        (what the CPU tests use). ``engine_kwargs`` go to ``vllm.AsyncEngineArgs``.
-        """
+        ``gpu_memory_utilization`` is a fraction of GPU memory (of host memory on the CPU
+        build); ``kv_cache_memory_bytes`` sizes the KV cache directly instead (CPU tests).
+        ``engine_kwargs`` go to ``vllm.AsyncEngineArgs``."""
         path = Path(path)
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"VLLMEngine dtype {dtype!r}: use 'float32' or 'bfloat16'")
@@ -192,7 +178,6 @@ class VLLMEngine:
         vllm = _import_vllm()
         args = vllm.AsyncEngineArgs(
             model=str(path),
-            tokenizer=str(path),
             dtype=dtype,
             enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -221,21 +206,12 @@ class VLLMEngine:
             raise
         return cls(llm, loop, thread, expected, tied, sync_timeout_s)
 
-    # ------------------------------------------------------------------ InferenceEngine
-
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         """Complete one prompt; concurrent calls are batched by vLLM's scheduler."""
         if not prompt_ids:
             raise ValueError("generate() got an empty prompt; give at least one token id")
         if params.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens is {params.max_tokens}; need >= 1")
-        if params.top_p < 1.0 and not self._warned_top_p:
-            self._warned_top_p = True
-            logger.warning(
-                "top_p=%s < 1: vLLM reports log-probs of the nucleus-renormalised "
-                "distribution, not log_softmax(logits / T) as the trainer recomputes",
-                params.top_p,
-            )
         request_id = f"agentrl-{next(self._request_ids)}"
         with self._lock:
             self._num_in_flight += 1
@@ -285,8 +261,6 @@ class VLLMEngine:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
 
-    # ------------------------------------------------------------------ internals
-
     async def _generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str
     ) -> Generation:
@@ -326,33 +300,25 @@ class VLLMEngine:
 
     def _checked_tensors(self, state_dict: dict) -> dict[str, torch.Tensor]:
         """The tensors to send: HF names only, shapes as in the checkpoint, none missing."""
-        tensors = {
-            k: v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")
-        }
+        tensors = {k: v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")}
         if self._tied:  # vLLM's tied models skip lm_head; the embedding carries it
             tensors.pop(LM_HEAD, None)
-        unknown = sorted(tensors.keys() - self._expected_shapes.keys())
-        missing = sorted(self._expected_shapes.keys() - tensors.keys())
-        if unknown or missing:
-            raise ValueError(
-                f"update_weights: state dict does not match the engine's checkpoint; unknown "
-                f"names {unknown[:5]}, missing names {missing[:5]}. Send the full state dict "
-                "with Hugging Face parameter names (as save_pretrained writes them)"
-            )
+        expected = self._expected_shapes
+        unknown = sorted(tensors.keys() - expected.keys())
+        missing = sorted(expected.keys() - tensors.keys())
         wrong = [
-            f"{k}: {tuple(v.shape)} != {self._expected_shapes[k]}"
+            f"{k}: {tuple(v.shape)} != {expected[k]}"
             for k, v in tensors.items()
-            if tuple(v.shape) != self._expected_shapes[k]
+            if k in expected and tuple(v.shape) != expected[k]
         ]
-        if wrong:
+        if unknown or missing or wrong:
             raise ValueError(
-                f"update_weights: shapes differ from the engine's checkpoint: {wrong[:5]}; "
-                "was the state dict taken from a model of another size?"
+                f"update_weights: the state dict does not match the engine's checkpoint: "
+                f"unknown names {unknown[:5]}, missing names {missing[:5]}, shapes differ "
+                f"{wrong[:5]}. Send the full state dict of a model of the same size, with "
+                "Hugging Face parameter names (as save_pretrained writes them)"
             )
         return {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-
-
-# ---------------------------------------------------------------------- conversions
 
 
 def to_vllm_params(params: SamplingParams) -> Any:
@@ -398,7 +364,7 @@ def read_checkpoint_shapes(path: Path) -> tuple[dict[str, tuple[int, ...]], bool
     shapes: dict[str, tuple[int, ...]] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            for name in handle.keys():
                 shapes[name] = tuple(handle.get_slice(name).get_shape())
     if tied:
         shapes.pop(LM_HEAD, None)
