@@ -150,7 +150,7 @@ class LiveDisplay:
         phases = "  ".join(
             f"{k[5:]} {metrics[k]:.1f}s" for k in sorted(metrics) if k.startswith("time/")
         )
-        table.caption = f"{phases}  ·  loss {_fmt(metrics.get('loss/policy'))}"
+        table.caption = f"{phases}  ·  loss {_fmt(metrics.get('loss/policy_loss'))}"
         return table
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -97,3 +98,47 @@ def step_stats(step: int, rollouts: Sequence[Rollout]) -> StepStats:
     for counts in per_env.values():
         total.add(counts)
     return StepStats(step=step, total=total, per_env=dict(per_env))
+
+
+def rollout_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, float]:
+    """Response length, truncation, compaction, turn and tool-error figures of rollouts."""
+    if not rollouts:
+        return {}
+    n = len(rollouts)
+    return {
+        f"{prefix}response_length/mean": sum(r.num_generated_tokens for r in rollouts) / n,
+        f"{prefix}truncation_rate": sum(r.stats.truncated for r in rollouts) / n,
+        f"{prefix}num_turns/mean": sum(r.stats.num_turns for r in rollouts) / n,
+        f"{prefix}num_compactions/mean": sum(r.stats.num_compactions for r in rollouts) / n,
+        f"{prefix}invalid_rate": sum(not r.trainable for r in rollouts) / n,
+        f"{prefix}tool_errors": float(sum(sum(r.stats.tool_errors.values()) for r in rollouts)),
+    }
+
+
+def collection_figures(dropped: dict[str, dict[str, int]], num_rounds: int,
+                       fallback_groups: int) -> dict[str, float]:
+    """Dynamic sampling: rounds run, groups dropped per environment and reason."""
+    out: dict[str, float] = {
+        "collection/num_rounds": num_rounds,
+        "collection/fallback_groups": fallback_groups,
+        "collection/dropped_groups": sum(sum(r.values()) for r in dropped.values()),
+    }
+    for env, reasons in dropped.items():
+        for reason, count in reasons.items():
+            out[f"env/{env}/dropped/{reason}"] = count
+    return out
+
+
+LOSS_FIGURES = ("loss", "policy_loss", "kl_loss", "clip_frac_low", "clip_frac_high",
+                "approx_kl", "entropy", "mismatch", "tis_weight")
+
+
+def loss_figures(updates: Sequence[Any]) -> dict[str, float]:
+    """Loss figures (UpdateStats) averaged over a step's updates, under ``loss/...``."""
+    if not updates:
+        return {}
+    out = {f"loss/{name}": sum(getattr(u, name) for u in updates) / len(updates)
+           for name in LOSS_FIGURES}
+    out["loss/clip_frac"] = out["loss/clip_frac_low"] + out["loss/clip_frac_high"]
+    out["loss/kl"] = out["loss/approx_kl"]
+    return out

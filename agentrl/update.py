@@ -60,16 +60,28 @@ def _device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def sampling_logits(model: nn.Module, mb: MicroBatch, temperature: float = 1.0) -> Tensor:
+    """Logits of the distribution the engine sampled from: divided by the rollout
+    temperature, as the engines do before reporting log-probs (a temperature of 0, greedy,
+    reports log-probs at temperature 1). Without this, ratios are off whenever T != 1."""
+    logits = model(mb.input_ids, mb.position_ids, mb.cu_seqlens)
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    return logits
+
+
 def forward_backward(
     model: nn.Module,
     micro_batches: Sequence[MicroBatch],
     cfg: LossConfig,
     process_group: torch.distributed.ProcessGroup | None = None,
+    temperature: float = 1.0,
 ) -> UpdateStats:
     """Accumulate one update's gradient over this rank's micro-batches (and sum over ranks).
 
     Every rank must pass the same number of micro-batches (``plan_micro_batches`` pads
     with empty ones). Gradients are added to whatever ``.grad`` holds: zero them first.
+    ``temperature``: the rollout temperature (see ``sampling_logits``).
     """
     device = _device_of(model)
     local_tokens = sum(mb.num_tokens for mb in micro_batches)
@@ -80,7 +92,7 @@ def forward_backward(
     sums = torch.zeros(len(_FIGURES) + 1, dtype=torch.float64, device=device)
     for mb in micro_batches:
         mb = mb.to(device)
-        logits = model(mb.input_ids, mb.position_ids, mb.cu_seqlens)
+        logits = sampling_logits(model, mb, temperature)
         logprobs = token_logprobs(logits, mb.target_ids)
         loss, parts = policy_loss(
             logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, denominator, cfg,
@@ -112,7 +124,9 @@ def _stats(sums: list[float], num_tokens: int, num_micro_batches: int) -> Update
 
 
 @torch.no_grad()
-def score(model: nn.Module, micro_batches: Sequence[MicroBatch]) -> list[Tensor]:
+def score(
+    model: nn.Module, micro_batches: Sequence[MicroBatch], temperature: float = 1.0
+) -> list[Tensor]:
     """Per-token log-probs [1, T] of each micro-batch's targets under ``model`` (no grad).
 
     Used for the old-policy pass before a collection's first update (set them as
@@ -123,7 +137,7 @@ def score(model: nn.Module, micro_batches: Sequence[MicroBatch]) -> list[Tensor]
     out = []
     for mb in micro_batches:
         mb = mb.to(device)
-        logits = model(mb.input_ids, mb.position_ids, mb.cu_seqlens)
+        logits = sampling_logits(model, mb, temperature)
         out.append(token_logprobs(logits, mb.target_ids) * mb.loss_mask)
     return out
 

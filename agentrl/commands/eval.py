@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.config import load_config
     from agentrl.evaluation import evaluate
     from agentrl.model import load_pretrained, load_tokenizer
-    from agentrl.trainer import build_engine
+    from agentrl.run import build_engine
 
     config = load_config(args.config, args.overrides)
     config = msgspec.structs.replace(

@@ -1,9 +1,15 @@
-"""``agentrl train CONFIG [--set k=v ...] [--out DIR] [--resume]``: run RL training."""
+"""``agentrl train CONFIG [--set k=v ...] [--out DIR] [--resume]``: run RL training.
+
+With ``train.num_ranks > 1`` the command spawns one process per data-parallel rank
+(gloo on CPU, NCCL on GPUs) joined through a file in the run folder.
+"""
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
+from typing import Any
 
 HELP = "Train a policy with RL on the config's environments (metrics, checkpoints, resume)."
 
@@ -21,19 +27,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the config, build the run, train, and print where everything went."""
+    """Load the config, train on one or several ranks, and print where everything went."""
     from agentrl.accounting import describe_plan, plan_batches
     from agentrl.config import load_config
-    from agentrl.trainer import build_run, train
 
     config = load_config(args.config, args.overrides)
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     print(describe_plan(plan_batches(config)))
-    run_ = build_run(config, out, resume=args.resume)
-    if args.resume:
-        print(f"resuming {out} at step {run_.state.step}")
-    state = train(run_)
-    print(f"done: {state.step} steps, {state.cumulative_rollouts} rollouts, "
-          f"{state.num_updates} updates; metrics in {out / 'metrics.jsonl'}, "
-          f"checkpoints in {out / 'checkpoints'}")
+    num_ranks = config.train.num_ranks
+    if num_ranks > 1:
+        import torch.multiprocessing as mp
+
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out) as rendezvous:
+            init = f"file://{Path(rendezvous).resolve()}/init"
+            mp.spawn(_train_rank, args=(num_ranks, init, config, out, args.resume),
+                     nprocs=num_ranks, join=True)
+    else:
+        _train_rank(0, 1, None, config, out, args.resume)
     return 0
+
+
+def _train_rank(rank: int, num_ranks: int, init: str | None, config: Any, out: Path,
+                resume: bool) -> None:
+    from agentrl import distributed
+    from agentrl.run import build_run
+    from agentrl.trainer import train
+
+    group = distributed.init_process_group(rank, num_ranks, init) if num_ranks > 1 else None
+    try:
+        run_ = build_run(config, out, resume=resume, process_group=group)
+        if resume and rank == 0:
+            print(f"resuming {out} at step {run_.state.step}")
+        state = train(run_)
+    finally:
+        distributed.destroy_process_group()
+    if rank == 0:
+        print(f"done: {state.step} steps, {state.cumulative_rollouts} rollouts, "
+              f"{state.num_updates} updates on {num_ranks} rank(s); metrics in "
+              f"{out / 'metrics.jsonl'}, checkpoints in {out / 'checkpoints'}")

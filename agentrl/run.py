@@ -1,0 +1,223 @@
+"""Setting up a training run: model, engine, runner, optimizer, writers, ranks.
+
+:func:`build_run` is the one place a run is assembled; ``agentrl.trainer`` only runs it.
+With data parallelism (``train.num_ranks > 1``) every rank holds the model and its
+optimizer, and rank 0 alone holds the inference engine, the runner, the writers and the
+checkpoints: it collects each step's rollouts and broadcasts them, every rank trains on
+its share of the rows, and the summed gradients keep all ranks' weights identical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from agentrl import distributed
+from agentrl.accounting import BatchPlan, plan_batches
+from agentrl.checkpoint import TrainerState, latest_checkpoint, load_training_state
+from agentrl.config import Config
+from agentrl.metric_writers import MultiWriter, build_writers
+from agentrl.packing import CostModel
+from agentrl.sampler import EnvironmentSampler
+from agentrl.schedule import build_optimizer, build_scheduler
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Run:
+    """Everything a training run holds, built once by :func:`build_run`."""
+
+    config: Config
+    run_dir: Path
+    model: Any
+    tokenizer: Any
+    tokenizer_dir: Path
+    """Folder whose tokenizer files every checkpoint copies."""
+    engine: Any
+    """The inference engine (rank 0 only; None on other ranks)."""
+    runner: Any
+    sampler: EnvironmentSampler
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    writers: Any
+    state: TrainerState
+    plan: BatchPlan
+    cost: CostModel
+    process_group: dist.ProcessGroup | None = None
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+
+    @property
+    def rank(self) -> int:
+        """This process's data-parallel rank (0 on one process)."""
+        return distributed.get_rank(self.process_group)
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel ranks (1 on one process)."""
+        return distributed.get_world_size(self.process_group)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: generates, writes metrics and checkpoints."""
+        return self.rank == 0
+
+    def collect(self, step: int) -> Any:
+        """One collection of the plan's rollouts on rank 0, shared with every rank."""
+        from agentrl.rollout.runner import CollectionResult
+
+        result = None
+        if self.is_main:
+            result = self.loop.run_until_complete(
+                self.runner.collect(step, self.plan.num_rollouts))
+        if not distributed.is_distributed(self.process_group):
+            return result
+        box = [msgspec.msgpack.encode(result) if self.is_main else None]
+        dist.broadcast_object_list(box, src=0, group=self.process_group)
+        return msgspec.msgpack.decode(box[0], type=CollectionResult)
+
+    def validate(self) -> dict[str, float]:
+        """Accuracy per environment on held-out tasks (``eval/<name>/accuracy``); rank 0."""
+        from agentrl.evaluation import evaluate
+
+        if not self.is_main:
+            return {}
+        start = time.perf_counter()
+        accuracy = self.loop.run_until_complete(
+            evaluate(self.engine, self.tokenizer, self.config,
+                     self.config.train.eval_tasks_per_env)
+        )
+        return {**eval_metrics(accuracy), "time/eval": time.perf_counter() - start}
+
+    def sync_weights(self) -> None:
+        """Give the engine the new policy; a torch engine sharing the model needs nothing."""
+        if self.engine is None or getattr(self.engine, "model", None) is self.model:
+            return
+        self.engine.update_weights(self.model.state_dict())
+
+
+def eval_metrics(accuracy: dict[str, float]) -> dict[str, float]:
+    """``eval/<name>/accuracy`` per environment and their mean as ``eval/accuracy``."""
+    out = {f"eval/{name}/accuracy": acc for name, acc in sorted(accuracy.items())}
+    if accuracy:
+        out["eval/accuracy"] = float(np.mean(list(accuracy.values())))
+    return out
+
+
+def build_run(
+    config: Config, run_dir: str | Path, resume: bool = False,
+    process_group: dist.ProcessGroup | None = None,
+) -> Run:
+    """Load or build the model, engine, runner, optimizer and writers of a run.
+
+    With ``resume`` the newest checkpoint in ``run_dir`` provides the weights, optimizer,
+    scheduler, sampler, RNG states and counters, so the run continues exactly.
+    """
+    from agentrl.model import load_pretrained, load_tokenizer
+
+    run_dir = Path(run_dir)
+    is_main = distributed.get_rank(process_group) == 0
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if resume and checkpoint is None:
+        raise ValueError(f"--resume: {run_dir} holds no complete checkpoint; drop --resume "
+                         "to start a new run there")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    seed_everything(config.train.seed)
+    model_dir = checkpoint or resolve_model_dir(config, run_dir)
+    model = load_pretrained(model_dir, dtype=getattr(torch, config.model.dtype),
+                            attention=config.model.attention)
+    model = distributed.wrap_model(model, process_group)
+    tokenizer = load_tokenizer(model_dir)
+    optimizer = build_optimizer(model, config.optim)
+    scheduler = build_scheduler(optimizer, config.optim)
+    sampler = EnvironmentSampler(
+        {env.display_name(): env.weight for env in config.environments}, config.train.seed
+    )
+    state = TrainerState()
+    if checkpoint is not None:
+        state = load_training_state(checkpoint, optimizer, scheduler)
+        sampler.load_state_dict(state.sampler)
+    engine = runner = None
+    writers: Any = MultiWriter([])
+    if is_main:
+        engine = build_engine(config, model, tokenizer, model_dir)
+        runner = build_runner(config, engine, tokenizer, sampler)
+        write_run_config(config, run_dir)
+        writers = build_writers(run_dir, config.train.num_steps, config.log.live,
+                                config.log.tensorboard,
+                                resume_step=state.step if resume else None)
+    args = model.config
+    cost = CostModel.from_model_args(
+        args.hidden_size, args.num_hidden_layers, args.intermediate_size, args.vocab_size,
+        num_kv_heads_ratio=args.num_key_value_heads / args.num_attention_heads)
+    return Run(config=config, run_dir=run_dir, model=model, tokenizer=tokenizer,
+               tokenizer_dir=Path(model_dir), engine=engine, runner=runner, sampler=sampler,
+               optimizer=optimizer, scheduler=scheduler, writers=writers, state=state,
+               plan=plan_batches(config), cost=cost, process_group=process_group)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (a resume then restores the saved states over these)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_model_dir(config: Config, run_dir: Path) -> Path:
+    """The model folder: ``model.path`` (relative to the working directory or the project),
+    or a tiny built-in checkpoint built once into ``RUN_DIR/base_model``."""
+    if config.model.path:
+        given = Path(config.model.path)
+        for candidate in (given, PROJECT_ROOT / given):
+            if (candidate / "config.json").exists():
+                return candidate
+        raise ValueError(f"model.path = {config.model.path!r} has no config.json (looked in "
+                         f"{given.resolve()} and {PROJECT_ROOT / given}); give a local Hugging "
+                         "Face folder, or leave model.path empty for the tiny built-in model")
+    from agentrl.model import build_tiny_checkpoint
+
+    tiny = run_dir / "base_model"
+    if not (tiny / "config.json").exists():
+        build_tiny_checkpoint(tiny, seed=config.train.seed)
+    return tiny
+
+
+def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path) -> Any:
+    """The inference engine: the torch engine sharing the trainer's model, or vLLM."""
+    rollout = config.rollout
+    if rollout.engine == "vllm":
+        from agentrl.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine.from_pretrained(str(model_dir), dtype=config.model.dtype,
+                                          seed=config.train.seed)
+    from agentrl.rollout.torch_engine import TorchEngine
+
+    if config.compaction.strategy != "none":
+        max_len = config.compaction.max_context_tokens + rollout.max_new_tokens + 1
+    else:
+        max_len = rollout.max_rollout_tokens + 2048  # generated tokens + prompt/observations
+    max_len = min(max_len, model.config.max_position_embeddings)
+    return TorchEngine(model, tokenizer, max_batch_size=rollout.max_concurrent_rollouts,
+                       max_len=max_len, seed=config.train.seed)
+
+
+def build_runner(config: Config, engine: Any, tokenizer: Any,
+                 sampler: EnvironmentSampler) -> Any:
+    """The rollout runner over the configured environments."""
+    from agentrl.rollout.runner import RolloutRunner
+
+    return RolloutRunner(config, engine, tokenizer, sampler)
+
+
+def write_run_config(config: Config, run_dir: Path) -> None:
+    """Keep the resolved config next to the metrics (what exactly ran)."""
+    (run_dir / "config.json").write_bytes(msgspec.json.format(msgspec.json.encode(config)))
