@@ -146,3 +146,26 @@ def test_top_p_keeps_smallest_nucleus():
     assert kept[3] == [True, True, True, True]
     lp = scaled_logprobs(torch.tensor([2.0, 0.0]), 0.5)
     assert torch.allclose(lp, torch.log_softmax(torch.tensor([4.0, 0.0]), -1))
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 1.3])
+def test_trainer_scoring_pass_reproduces_engine_logprobs(tiny_model, temperature):
+    # The trainer's own path (rows → packed micro-batch → score at the rollout
+    # temperature) must see the same log-probs as the engine that sampled: the PPO ratio
+    # starts at exactly 1. Without dividing by the temperature this fails for T != 1.
+    from agentrl.packing import collate
+    from agentrl.types import Row
+    from agentrl.update import score
+
+    engine = TorchEngine(tiny_model, max_batch_size=4, max_len=64)
+    params = SamplingParams(temperature=temperature, max_tokens=12, seed=5)
+    rows = []
+    for i, prompt in enumerate(PROMPTS):
+        gen = run(engine.generate(prompt, params))
+        rows.append(Row(f"r{i}", "g", "e", 0, prompt + gen.token_ids,
+                        [0] * len(prompt) + [1] * len(gen.token_ids),
+                        [0.0] * len(prompt) + gen.logprobs, reward=1.0))
+    mb = collate(rows, [0.0] * len(rows), list(range(len(rows))))
+    trainer = score(tiny_model, [mb], temperature)[0]
+    mask = mb.loss_mask.bool()
+    torch.testing.assert_close(trainer[mask], mb.engine_logprobs[mask], atol=1e-4, rtol=0)
