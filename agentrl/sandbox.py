@@ -254,16 +254,48 @@ def _read_capped(path: Path, limit: int) -> tuple[str, bool]:
 
 
 @cache
+def _interpreter_and_stdlib() -> tuple[str, list[str]]:
+    """The interpreter that runs the code, and its standard-library folders.
+
+    The code needs only the standard library, so when the running interpreter sits where
+    'nobody' cannot read it (e.g. under /root), a system interpreter of the same version
+    that 'nobody' can read is preferred: then the drop to 'nobody' works and the kernel's
+    file permissions and RLIMIT_NPROC hold beside the audit hook.
+    """
+    own = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    own_roots = _stdlib_of(own)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (own, f"/usr/bin/python{version}", f"/usr/local/bin/python{version}"):
+        path = os.path.realpath(candidate)
+        if not os.path.exists(path) or not _others_can_read(path):
+            continue
+        roots = own_roots if path == own else _stdlib_of(path)
+        if roots and all(_others_can_read(r) for r in roots):
+            return path, roots
+    return own, own_roots
+
+
+def _stdlib_of(interpreter: str) -> list[str]:
+    """The stdlib folders of an interpreter (asked in a subprocess; [] if it fails)."""
+    if interpreter == os.path.realpath(getattr(sys, "_base_executable", sys.executable)):
+        paths = sysconfig.get_paths()
+        return sorted({os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib")})
+    query = ("import json, os, sysconfig; p = sysconfig.get_paths(); print(json.dumps("
+             "sorted({os.path.realpath(p[k]) for k in ('stdlib', 'platstdlib')})))")
+    try:
+        out = subprocess.run([interpreter, "-I", "-S", "-c", query], capture_output=True,
+                             timeout=10, env={}, check=True)
+        return json.loads(out.stdout)
+    except (OSError, subprocess.SubprocessError, json.JSONDecodeError):
+        return []
+
+
 def _interpreter() -> str:
-    """The base interpreter (not a venv shim), so the project's venv is not needed."""
-    return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    return _interpreter_and_stdlib()[0]
 
 
-@cache
 def _stdlib_roots() -> list[str]:
-    paths = sysconfig.get_paths()
-    roots = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib")}
-    return sorted(roots)
+    return _interpreter_and_stdlib()[1]
 
 
 @cache

@@ -91,3 +91,18 @@ def test_huge_output_is_capped():
 def test_scratch_dir_is_removed():
     result = run("import os\nprint(os.getcwd())")
     assert result.stdout.strip() and not Path(result.stdout.strip()).exists()
+
+
+def test_as_root_the_code_runs_as_nobody_when_an_interpreter_allows_it():
+    import os
+
+    from agentrl.sandbox import _can_drop_to_nobody
+
+    result = run_python("import os; print(os.getuid())")
+    if os.geteuid() == 0 and _can_drop_to_nobody():
+        # the kernel's permissions and RLIMIT_NPROC then hold beside the audit hook
+        assert result.stdout.strip() == "65534"
+        assert result.isolation["user"] == "nobody"
+    else:
+        assert result.stdout.strip() == str(os.geteuid())
+        assert result.isolation["user"] == "same"
