@@ -18,7 +18,8 @@ What holds, layer by layer (``SandboxResult.isolation`` reports the optional one
   interpreter's standard library (so the project, ``/etc/passwd`` and home directories
   are unreadable); ``fork``/``exec``/``spawn``/``subprocess``/``os.system``/signals;
   importing ``ctypes`` and ``_posixsubprocess``; any ``ctypes`` call.
-- **User**: when the host runs as root and the interpreter is readable by others, the
+- **User**: when the host runs as root and an interpreter of the same version is
+  readable by others (the running one, else the system's ``/usr/bin/python3.X``), the
   code runs as ``nobody`` (``isolation["user"] == "nobody"``), so file permissions and
   RLIMIT_NPROC (no fork bombs) hold in the kernel too. Otherwise it runs as the calling
   user and the file and process rules rest on the audit hook.
