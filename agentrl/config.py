@@ -69,6 +69,11 @@ class LossConfig(_Section):
     """Weight of the k3 KL estimate to the reference (initial) model; 0 disables it."""
     tis_cap: float | None = 2.0
     """Cap of the truncated importance weight trainer/engine probability; None disables."""
+    old_logprobs: Literal["score", "engine"] = "score"
+    """The ratio's old policy. "score": when a collection has several updates, a trainer
+    scoring pass before the first one (the engine's log-probs when it has one);
+    "engine": always the engine's log-probs (no scoring pass; the mismatch enters the
+    ratio, and tis_cap does not apply)."""
 
 
 class AdvantageConfig(_Section):

@@ -158,7 +158,7 @@ def run_updates(
     batches = micro_batches(run, rows, advantages)
     temperature = run.config.rollout.temperature
     figures: dict[str, float] = {}
-    if len(batches) > 1:
+    if len(batches) > 1 and run.config.loss.old_logprobs == "score":
         # the old policy is the one that generated: score every update's rows before the
         # first optimizer step changes the weights
         flat = [mb for batch in batches for mb in batch]

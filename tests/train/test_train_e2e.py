@@ -172,3 +172,18 @@ def test_two_data_parallel_ranks_train_the_same_weights(tmp_path, model_dir) -> 
     assert _metrics(two)[0]["reward/mean"] == _metrics(one)[0]["reward/mean"]
     start = _weights(model_dir)
     assert any(not torch.equal(start[n], b[n]) for n in b)
+
+
+def test_engine_old_logprobs_skip_the_scoring_pass(tmp_path, model_dir) -> None:
+    # two updates per collection: "score" recomputes the old policy before the first
+    # update; "engine" takes the engine's log-probs. The torch engine shares the trainer's
+    # model, so both are the same policy and the weights agree to float rounding.
+    scored = _train(tmp_path, model_dir, "scored", steps=1)
+    engine = _train(tmp_path, model_dir, "engine", steps=1,
+                    overrides=['loss.old_logprobs="engine"'])
+    assert "loss/mismatch_scored" in _metrics(scored)[0]
+    assert "loss/mismatch_scored" not in _metrics(engine)[0]
+    a, b = _weights(scored / "checkpoints" / "step_1"), _weights(engine / "checkpoints" /
+                                                                 "step_1")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4)
