@@ -110,6 +110,10 @@ class RolloutConfig(_Section):
     rollout_timeout_s: float = 600.0
     """Seconds one whole rollout may take."""
     max_concurrent_rollouts: int = 64
+    vllm_args: dict[str, Any] = {}
+    """engine = "vllm": keyword arguments for ``VLLMEngine.from_pretrained`` and vLLM's
+    engine args, e.g. ``{ gpu_memory_utilization = 0.5 }`` (the default: the trainer
+    shares the GPU), ``enforce_eager``, ``kv_cache_memory_bytes``."""
     filter_uniform_groups: bool = False
     """Dynamic sampling: drop groups whose rewards are all equal and collect more."""
     max_extra_collections: int = 4

@@ -194,18 +194,19 @@ def resolve_model_dir(config: Config, run_dir: Path) -> Path:
 def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path) -> Any:
     """The inference engine: the torch engine sharing the trainer's model, or vLLM."""
     rollout = config.rollout
-    if rollout.engine == "vllm":
-        from agentrl.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine.from_pretrained(str(model_dir), dtype=config.model.dtype,
-                                          seed=config.train.seed)
-    from agentrl.rollout.torch_engine import TorchEngine
-
     if config.compaction.strategy != "none":
         max_len = config.compaction.max_context_tokens + rollout.max_new_tokens + 1
     else:
         max_len = rollout.max_rollout_tokens + 2048  # generated tokens + prompt/observations
     max_len = min(max_len, model.config.max_position_embeddings)
+    if rollout.engine == "vllm":
+        from agentrl.rollout.vllm_engine import VLLMEngine
+
+        args = {"gpu_memory_utilization": 0.5, "max_model_len": max_len, **rollout.vllm_args}
+        return VLLMEngine.from_pretrained(str(model_dir), dtype=config.model.dtype,
+                                          seed=config.train.seed, **args)
+    from agentrl.rollout.torch_engine import TorchEngine
+
     return TorchEngine(model, tokenizer, max_batch_size=rollout.max_concurrent_rollouts,
                        max_len=max_len, seed=config.train.seed)
 
