@@ -16,7 +16,7 @@ from agentrl.trainer import train
 pytestmark = pytest.mark.vllm
 
 
-def test_trainer_generates_with_vllm_and_syncs_the_updated_weights(ckpt_a, tmp_path):
+def test_trainer_generates_with_vllm_and_syncs_the_updated_weights(ckpt_a, model_a, tmp_path):
     if not vllm_available():
         pytest.skip("vllm is optional and not installed: run .ci/vllm for these tests")
     config = config_from_dict({
@@ -49,5 +49,9 @@ def test_trainer_generates_with_vllm_and_syncs_the_updated_weights(ckpt_a, tmp_p
         reference = run.loop.run_until_complete(
             TorchEngine(run.model, max_batch_size=1, max_len=64).generate(prompt, greedy))
         assert served.token_ids == reference.token_ids
+        # ...and not the starting weights' (else this check could not fail)
+        initial = run.loop.run_until_complete(
+            TorchEngine(model_a, max_batch_size=1, max_len=64).generate(prompt, greedy))
+        assert initial.token_ids != reference.token_ids
     finally:
         run.engine.shutdown()
