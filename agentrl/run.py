@@ -54,6 +54,8 @@ class Run:
     plan: BatchPlan
     cost: CostModel
     process_group: dist.ProcessGroup | None = None
+    reference: Any = None
+    """Frozen initial model for the KL term (only when loss.kl_coef != 0)."""
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
 
     @property
@@ -132,9 +134,17 @@ def build_run(
                          "to start a new run there")
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(config.train.seed)
-    model_dir = checkpoint or resolve_model_dir(config, run_dir)
-    model = load_pretrained(model_dir, dtype=getattr(torch, config.model.dtype),
-                            attention=config.model.attention)
+    initial_dir = resolve_model_dir(config, run_dir)
+    model_dir = checkpoint or initial_dir
+    dtype = getattr(torch, config.model.dtype)
+    device = training_device()
+    model = load_pretrained(model_dir, dtype=dtype, attention=config.model.attention,
+                            device=device)
+    reference = None
+    if config.loss.kl_coef != 0.0:  # the initial policy, also when resuming
+        reference = load_pretrained(initial_dir, dtype=dtype, attention=config.model.attention,
+                                    device=device)
+        reference.requires_grad_(False)
     model = distributed.wrap_model(model, process_group)
     tokenizer = load_tokenizer(model_dir)
     optimizer = build_optimizer(model, config.optim)
@@ -162,7 +172,15 @@ def build_run(
     return Run(config=config, run_dir=run_dir, model=model, tokenizer=tokenizer,
                tokenizer_dir=Path(model_dir), engine=engine, runner=runner, sampler=sampler,
                optimizer=optimizer, scheduler=scheduler, writers=writers, state=state,
-               plan=plan_batches(config), cost=cost, process_group=process_group)
+               plan=plan_batches(config), cost=cost, process_group=process_group,
+               reference=reference)
+
+
+def training_device() -> torch.device:
+    """This rank's GPU when there is one (NCCL init already picked it), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def seed_everything(seed: int) -> None:

@@ -36,7 +36,14 @@ from agentrl.packing import MicroBatch, collate, plan_micro_batches
 from agentrl.reassembler import to_rows
 from agentrl.run import Run
 from agentrl.types import Rollout, Row
-from agentrl.update import UpdateStats, clip_grad_norm, forward_backward, score, with_old_logprobs
+from agentrl.update import (
+    UpdateStats,
+    clip_grad_norm,
+    forward_backward,
+    score,
+    with_old_logprobs,
+    with_ref_logprobs,
+)
 
 PHASES = ("generate", "train", "sync", "other")
 
@@ -158,6 +165,9 @@ def run_updates(
     batches = micro_batches(run, rows, advantages)
     temperature = run.config.rollout.temperature
     figures: dict[str, float] = {}
+    if run.reference is not None:  # kl_coef != 0: the KL term needs π_ref at every token
+        batches = [with_ref_logprobs(batch, score(run.reference, batch, temperature))
+                   for batch in batches]
     if len(batches) > 1 and run.config.loss.old_logprobs == "score":
         # the old policy is the one that generated: score every update's rows before the
         # first optimizer step changes the weights

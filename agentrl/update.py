@@ -152,6 +152,16 @@ def with_old_logprobs(
     ]
 
 
+def with_ref_logprobs(
+    micro_batches: Sequence[MicroBatch], ref_logprobs: Sequence[Tensor]
+) -> list[MicroBatch]:
+    """The micro-batches with the reference model's log-probs (for the KL term) attached."""
+    return [
+        msgspec.structs.replace(mb, ref_logprobs=lp.to(mb.old_logprobs.device))
+        for mb, lp in zip(micro_batches, ref_logprobs, strict=True)
+    ]
+
+
 def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
     """Clip the global gradient norm to ``max_norm`` (0 or less: only measure it); returns
     the norm before clipping. Call after ``forward_backward``, so the gradients are summed

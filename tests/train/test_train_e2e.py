@@ -187,3 +187,26 @@ def test_engine_old_logprobs_skip_the_scoring_pass(tmp_path, model_dir) -> None:
                                                                  "step_1")
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4)
+
+
+def test_kl_to_the_initial_model_enters_the_loss(tmp_path, model_dir) -> None:
+    # π_ref is the initial model: zero KL on the first update, positive once the policy
+    # moved (second update of the collection); with kl_coef = 0 it stays exactly 0
+    plain = _metrics(_train(tmp_path, model_dir, "plain", steps=4))
+    kl_run = _train(tmp_path, model_dir, "kl", steps=4, overrides=["loss.kl_coef=0.5"])
+    with_kl = _metrics(kl_run)
+    assert all(r["loss/kl_loss"] == 0.0 for r in plain)
+    assert any(r["loss/approx_kl"] > 0.0 for r in plain)  # the policy did move
+    assert any(r["loss/kl_loss"] > 0.0 for r in with_kl)
+    assert all(r["loss/kl_loss"] >= 0.0 for r in with_kl)  # k3 is never negative
+    # on resume the reference is still the initial model, not the checkpoint
+    from agentrl.config import load_config
+    from agentrl.run import build_run
+
+    config = load_config(tmp_path / "kl.toml", ["loss.kl_coef=0.5"])
+    resumed = build_run(config, kl_run, resume=True)
+    resumed.writers.close()
+    initial = _weights(model_dir)
+    for name, tensor in resumed.reference.state_dict().items():
+        assert torch.equal(tensor, initial[name]), name
+    assert any(not torch.equal(t, initial[n]) for n, t in resumed.model.state_dict().items())
