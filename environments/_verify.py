@@ -81,6 +81,24 @@ def extract_number(text: str) -> Fraction | None:
     return _last_number(text)
 
 
+_ONLY_NUMBER = re.compile(
+    rf"\s*(?:<answer>\s*(?P<tag>{_NUMBER})\s*</answer>|(?:the\s+answer\s+is\s*:?\s*)?"
+    rf"(?P<bare>{_NUMBER}))\s*\.?\s*", re.IGNORECASE)
+
+
+def number_only(text: str) -> Fraction | None:
+    """The reply as one number, or None when it holds anything else.
+
+    Accepts "42", "42.", "<answer>42</answer>" and "The answer is 42."; refuses a number
+    buried in other text, so that a broken tool call that happens to end in the right
+    digit earns nothing (a lenient grader rewards such garbage and teaches it).
+    """
+    match = _ONLY_NUMBER.fullmatch(text)
+    if match is None:
+        return None
+    return _to_fraction(match.group("tag") or match.group("bare"))
+
+
 def _to_fraction(token: str) -> Fraction | None:
     cleaned = token.replace(",", "").replace("$", "").replace(" ", "")
     try:

@@ -2,7 +2,8 @@
 
 Multi-turn: the model calls ``calculate`` (``<tool_call>{"name": "calculate",
 "arguments": {"expression": "37 + 45"}}</tool_call>``), reads the result, then answers with
-the number (any text whose final number is the answer; ``<answer>82</answer>`` works).
+the number alone ("82", "82.", "<answer>82</answer>" or "The answer is 82."; with
+``strict_answer=False`` any text whose final number is the answer).
 Reward 1.0 for the correct final answer; ``reward_components["used_calculator"]`` records
 whether the tool returned a result (for logging, not rewarded).
 
@@ -19,7 +20,13 @@ import numpy as np
 from agentrl.env import AgentEnv, Grade, Task
 from agentrl.tools import tool
 from agentrl.types import Message
-from environments._verify import ExpressionError, extract_number, numbers_equal, parse_arithmetic
+from environments._verify import (
+    ExpressionError,
+    extract_number,
+    number_only,
+    numbers_equal,
+    parse_arithmetic,
+)
 
 SYSTEM = ("Solve the word problem. Use the calculate tool for arithmetic, then reply with "
           "the final number only.")
@@ -39,8 +46,10 @@ class CalculatorEnv(AgentEnv):
 
     max_turns = 4
 
-    def __init__(self, num_operations: int = 1, max_number: int = 20, **kwargs):
+    def __init__(self, num_operations: int = 1, max_number: int = 20,
+                 strict_answer: bool = True, **kwargs):
         super().__init__(**kwargs)
+        self.strict_answer = strict_answer
         if num_operations < 1 or max_number < 2:
             raise ValueError(f"calculator: need num_operations >= 1 and max_number >= 2; got "
                              f"{num_operations} and {max_number}")
@@ -76,7 +85,8 @@ class CalculatorEnv(AgentEnv):
     def grade(self, answer: str) -> Grade:
         """1.0 when the final number in the reply is the answer."""
         assert self.task is not None
-        correct = float(numbers_equal(extract_number(answer), Fraction(self.task.answer)))
+        read = number_only if self.strict_answer else extract_number
+        correct = float(numbers_equal(read(answer), Fraction(self.task.answer)))
         used = float(any(m.role == "tool" and m.name == "calculate"
                          and not m.content.startswith("Error") for m in self.history))
         return Grade(correct, {"correct": correct, "used_calculator": used})

@@ -108,6 +108,20 @@ def test_calculator_tool_and_answer():
     assert env.step(f"{env.task.answer + 1}")[1] == 0.0
 
 
+@pytest.mark.parametrize(("reply", "strict", "lenient"), [
+    ("{a}", 1.0, 1.0), ("{a}.", 1.0, 1.0), (" <answer> {a} </answer>\n", 1.0, 1.0),
+    ("The answer is {a}.", 1.0, 1.0), ("{b}", 0.0, 0.0),
+    # garbage that merely ends in the right number: a broken call, a rambling reply
+    ('<tool_call\n{{"name2 {a}', 0.0, 1.0), ("maybe {b} or {a}", 0.0, 1.0),
+])
+def test_calculator_strict_answers_refuse_buried_numbers(reply, strict, lenient):
+    for strict_answer, expected in ((True, strict), (False, lenient)):
+        env = make("agentrl/Calculator-v0", strict_answer=strict_answer)
+        env.reset(seed=5)
+        a, b = env.task.answer, env.task.answer + 1
+        assert env.step(reply.format(a=a, b=b))[1] == expected, (reply, strict_answer)
+
+
 def test_kvstore_scripted_policy_solves_it_with_one_call_per_key():
     env = make("agentrl/KVStore-v0", chain_length=5, padding_words=3)
     messages, _ = env.reset(seed=2)
