@@ -8,6 +8,7 @@ methods (``astep``, ``tool_schemas``) that wrappers do not forward.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -76,10 +77,13 @@ def _import(module_name: str, id_or_path: str) -> Any:
         path = Path(module_name)
         if not path.exists():
             raise ValueError(f"{id_or_path!r}: file {path} does not exist")
-        spec = importlib.util.spec_from_file_location(path.stem, path)
+        key = "agentrl_user_env_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+        if key in sys.modules:  # make() runs once per rollout: import the file once
+            return sys.modules[key]
+        spec = importlib.util.spec_from_file_location(key, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        sys.modules[path.stem] = module
+        sys.modules[key] = module
         spec.loader.exec_module(module)
         return module
     try:
