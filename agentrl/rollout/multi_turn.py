@@ -151,7 +151,11 @@ class RolloutPlayer:
             self.stats.truncated = True
             return False
         assert self.current is not None
-        prompt_ids = await compactor.compact(context, turn, generated_ids, self.current, params)
+        try:
+            prompt_ids = await compactor.compact(context, turn, generated_ids, self.current,
+                                                 params)
+        except ValueError as exc:  # the summary request did not fit the engine
+            raise EnvError(f"engine refused the summary request: {exc}") from exc
         self.segments.append(self.current.build())
         self.current = None
         if prompt_ids is None:  # not even the task fits the budget
