@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metric", default="eval/accuracy",
                         help="validation figure to plot (default: mean accuracy over envs)")
     parser.add_argument("--out", default="report.png", help="PNG file to write")
+    parser.add_argument("--smooth", type=int, default=5,
+                        help="moving-average window (steps) for training reward curves")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         runs[_label(folder, runs)] = records
     for name, records in runs.items():
         print(describe_run(name, records, args.metric, args.target))
-    plot_runs(runs, args.metric, args.target, args.out)
+    plot_runs(runs, args.metric, args.target, args.out, args.smooth)
     print(f"wrote {args.out}")
     return 0
 
@@ -85,9 +87,17 @@ def describe_run(name: str, records: list[dict[str, Any]], metric: str,
     if points:
         lines.append(f"  {metric}: {points[0][metric]:.3f} (step {points[0]['step']}) → "
                      f"{points[-1][metric]:.3f} (step {points[-1]['step']})")
+    for env in _envs(records):
+        env_points = eval_points(records, f"eval/{env}/accuracy")
+        if env_points:
+            first, last = env_points[0], env_points[-1]
+            lines.append(f"    {env}: {first[f'eval/{env}/accuracy']:.3f} → "
+                         f"{last[f'eval/{env}/accuracy']:.3f}")
     rewards = [r["reward/mean"] for r in records if r.get("reward/mean") is not None]
     if rewards:
-        lines.append(f"  reward/mean: {rewards[0]:.3f} → {rewards[-1]:.3f}")
+        k = min(10, len(rewards))
+        lines.append(f"  reward/mean, first {k} steps {sum(rewards[:k]) / k:.3f} → last {k} "
+                     f"steps {sum(rewards[-k:]) / k:.3f}")
     if target is not None:
         before, after = target_bracket(records, metric, target)
         if after is None:
@@ -106,9 +116,32 @@ def _where(record: dict[str, Any] | None) -> str:
             f"{record.get('cumulative/active_s', 0.0):.0f}s)")
 
 
+def _envs(records: list[dict[str, Any]]) -> list[str]:
+    """Environments that appear anywhere in a run's metrics."""
+    from agentrl.metric_writers import env_names
+
+    names: set[str] = set()
+    for record in records:
+        names.update(env_names(record))
+        names.update(k.split("/")[1] for k in record if k.startswith("eval/")
+                     and k.endswith("/accuracy") and k.count("/") == 2)
+    return sorted(names)
+
+
+def smoothed(records: list[dict[str, Any]], key: str, window: int) -> list[dict[str, Any]]:
+    """Records with ``key`` replaced by its trailing moving average over ``window`` steps."""
+    points = [r for r in records if r.get(key) is not None]
+    out = []
+    for i, record in enumerate(points):
+        recent = points[max(0, i - window + 1): i + 1]
+        out.append({**record, key: sum(r[key] for r in recent) / len(recent)})
+    return out
+
+
 def plot_runs(runs: dict[str, list[dict[str, Any]]], metric: str, target: float | None,
-              out: str | Path) -> None:
-    """Two rows (validation, reward) × four budgets; one line per run."""
+              out: str | Path, smooth: int = 5) -> None:
+    """Two rows (validation, training reward) × four budgets; per run, the overall curve
+    (solid) and one curve per environment (dashed): mixes learn unevenly."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,13 +151,22 @@ def plot_runs(runs: dict[str, list[dict[str, Any]]], metric: str, target: float 
     for col, (x_key, x_label) in enumerate(X_AXES):
         for name, records in runs.items():
             _plot_metric(axes[0][col], records, x_key, metric, name, target)
-            _plot_metric(axes[1][col], records, x_key, "reward/mean", name, None)
+            _plot_metric(axes[1][col], smoothed(records, "reward/mean", smooth), x_key,
+                         "reward/mean", name, None)
+            for env in _envs(records):
+                label = f"{name} · {env}"
+                _plot_metric(axes[0][col], records, x_key, f"eval/{env}/accuracy", label,
+                             None, dashed=True)
+                key = f"env/{env}/reward/mean"
+                _plot_metric(axes[1][col], smoothed(records, key, smooth), x_key, key, label,
+                             None, dashed=True)
         axes[0][col].set_title(f"{metric} vs {x_label}", fontsize=9)
-        axes[1][col].set_title(f"training reward vs {x_label}", fontsize=9)
+        axes[1][col].set_title(f"training reward ({smooth}-step mean) vs {x_label}",
+                               fontsize=9)
         axes[1][col].set_xlabel(x_label)
         if target is not None:
             axes[0][col].axhline(target, color="grey", linestyle=":", linewidth=1)
-    axes[0][0].legend(fontsize=8)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -132,12 +174,14 @@ def plot_runs(runs: dict[str, list[dict[str, Any]]], metric: str, target: float 
 
 
 def _plot_metric(ax: Any, records: list[dict[str, Any]], x_key: str, y_key: str, name: str,
-                 target: float | None) -> None:
+                 target: float | None, dashed: bool = False) -> None:
     points = [r for r in records if r.get(y_key) is not None and r.get(x_key) is not None]
     if not points:
         return
     (line,) = ax.plot([r[x_key] for r in points], [r[y_key] for r in points],
-                      marker="o" if y_key != "reward/mean" else None, markersize=3, label=name)
+                      marker="o" if y_key.startswith("eval/") else None, markersize=3,
+                      label=name, linestyle="--" if dashed else "-",
+                      linewidth=1.0 if dashed else 1.6)
     if target is None:
         return
     before, after = target_bracket(records, y_key, target)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from agentrl.checkpoint import TrainerState, capture_rng, list_checkpoints, restore_rng
-from agentrl.commands.report import describe_run, plot_runs, target_bracket
+from agentrl.commands.report import describe_run, plot_runs, smoothed, target_bracket
 from agentrl.config import OptimConfig
 from agentrl.metric_writers import JsonlWriter, read_metrics
 from agentrl.schedule import build_optimizer, build_scheduler, lr_factor
@@ -94,3 +94,14 @@ def test_report_writes_png(tmp_path) -> None:
     out = tmp_path / "r.png"
     plot_runs({"a": _records([0.1, 0.4]), "b": _records([0.2, 0.6])}, "eval/accuracy", 0.5, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_smoothed_is_a_trailing_mean_and_per_env_lines_are_reported() -> None:
+    records = [{"step": i, "reward/mean": r} for i, r in enumerate([0.0, 1.0, 2.0, 3.0])]
+    assert [r["reward/mean"] for r in smoothed(records, "reward/mean", 2)] == [
+        0.0, 0.5, 1.5, 2.5]
+    with_envs = [{"step": 0, "eval/accuracy": 0.5, "eval/calc/accuracy": 0.25,
+                  "env/calc/reward/mean": 0.1},
+                 {"step": 1, "eval/accuracy": 0.75, "eval/calc/accuracy": 0.5,
+                  "env/calc/reward/mean": 0.3}]
+    assert "calc: 0.250 → 0.500" in describe_run("run", with_envs, "eval/accuracy", None)
