@@ -21,10 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override one config setting")
     for name in ("num_steps", "rows_per_step", "num_demonstrations", "hidden_size",
-                 "num_layers", "vocab_size", "seed"):
+                 "num_layers", "vocab_size", "warmup_steps", "seed"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int,
                             default=getattr(defaults, name), dest=name)
-    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
+    parser.add_argument("--lr-schedule", default=defaults.lr_schedule, dest="lr_schedule",
+                        choices=("cosine", "linear", "constant"),
+                        help="after warm-up: decay to 0 at the last step, or constant")
 
 
 def run(args: argparse.Namespace) -> int:

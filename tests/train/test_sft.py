@@ -16,6 +16,7 @@ from agentrl.sft import (
     calculator_expression,
     countdown_solution,
     play_demonstrations,
+    sft_lr,
     sft_step,
 )
 from environments._verify import parse_arithmetic
@@ -58,3 +59,18 @@ def test_demonstrations_solve_tasks_and_sft_learns_them(tmp_path) -> None:
     for _ in range(5):
         last = sft_step(model, rows, optimizer, 4096)
     assert last < first * 0.8
+
+
+def test_sft_lr_warms_up_then_decays_to_zero() -> None:
+    # 5 warm-up steps ramp 1/6 .. 5/6 of the peak; then cosine from the peak to 0 over
+    # steps 5..15 (span 10): step 10 is halfway, cos(pi/2) = 0 -> half the peak
+    lrs = [sft_lr(s, 16, 1.0, 5) for s in range(16)]
+    assert lrs[:5] == pytest.approx([1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6])
+    assert lrs[5] == pytest.approx(1.0) and lrs[10] == pytest.approx(0.5)
+    assert lrs[15] == pytest.approx(0.0, abs=1e-12)
+    assert all(a >= b for a, b in zip(lrs[5:], lrs[6:], strict=False))
+    # linear: straight line from the peak at step 5 to 0 at step 15
+    assert sft_lr(8, 16, 2.0, 5, "linear") == pytest.approx(2.0 * (1 - 3 / 10))
+    assert sft_lr(15, 16, 2.0, 5, "constant") == 2.0
+    with pytest.raises(ValueError, match="lr schedule 'step'"):
+        sft_lr(0, 16, 1.0, 5, "step")
