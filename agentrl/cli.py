@@ -26,7 +26,10 @@ COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every available subcommand."""
-    parser = argparse.ArgumentParser(prog="agentrl", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="agentrl",
+        description="Reinforcement learning for multi-turn, tool-using LLM agents. "
+                    "Start with `agentrl plan CONFIG`, then `agentrl train CONFIG`.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module_name in COMMANDS.items():
         if importlib.util.find_spec(module_name) is None:

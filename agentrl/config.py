@@ -165,7 +165,8 @@ class TrainConfig(_Section):
     eval_tasks_per_env: int = 16
     """Held-out tasks per environment in each validation."""
     num_ranks: int = 1
-    """Data-parallel ranks (processes)."""
+    """Data-parallel ranks: `agentrl train` spawns one process per rank; rank 0 generates
+    and broadcasts the rollouts, every rank trains on its share of the rows."""
 
 
 class LogConfig(_Section):
