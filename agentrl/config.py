@@ -295,6 +295,7 @@ def validate(config: Config) -> None:
     """Refuse a configuration that cannot run, before anything is launched."""
     check_loss(config.loss)
     check_environments(config)
+    check_positive(config)
     from agentrl.accounting import plan_batches
 
     plan_batches(config)  # raises ConfigError when the batch knobs do not divide
@@ -315,6 +316,21 @@ def check_loss(loss: LossConfig) -> None:
         "is not a known aggregation"
     )
     raise ConfigError(f'loss.aggregation = "{loss.aggregation}" {kind}; {why}')
+
+
+def check_positive(config: Config) -> None:
+    """Counts and budgets that must be at least 1 (0 would silently do nothing)."""
+    for section, name in (("train", "num_steps"), ("train", "num_ranks"),
+                          ("rollout", "max_new_tokens"), ("rollout", "max_turns"),
+                          ("rollout", "max_rollout_tokens"),
+                          ("rollout", "max_concurrent_rollouts"),
+                          ("compaction", "max_context_tokens")):
+        value = getattr(getattr(config, section), name)
+        if value < 1:
+            raise ConfigError(f"{section}.{name} is {value}; it must be >= 1")
+    if not config.rollout.temperature >= 0:
+        raise ConfigError(f"rollout.temperature is {config.rollout.temperature}; use 0 "
+                          "(greedy) or a positive temperature")
 
 
 def check_environments(config: Config) -> None:

@@ -114,3 +114,11 @@ def test_overrides_and_the_plan_command(tmp_path: Path, capsys):
 def test_describe_plan_mentions_every_environment():
     text = describe_plan(plan_batches(make()))
     assert "Countdown-v0" in text and "token-level" in text
+
+
+@pytest.mark.parametrize(("setting", "value"), [("train.num_ranks", 0), ("train.num_steps", 0),
+                                                ("rollout.max_turns", 0)])
+def test_zero_counts_are_refused(setting, value):
+    section, key = setting.split(".")
+    with pytest.raises(ConfigError, match=f"{section}.{key} is {value}; it must be >= 1"):
+        make(**{section: {key: value}})
