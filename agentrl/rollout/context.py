@@ -75,18 +75,11 @@ class ChatContext:
         )
         return self.tokenizer.decode(ids)
 
-    def add_turn(
-        self, generated_ids: list[int], stop_ids: tuple[int, ...], observation: list[Any]
-    ) -> list[int]:
-        """Record a turn; return the ids to append after the generated ids (the delta)."""
-        turn, delta_ids = self.turn_delta(generated_ids, stop_ids, observation)
-        self.turns.append(turn)
-        return delta_ids
-
     def turn_delta(
         self, generated_ids: list[int], stop_ids: tuple[int, ...], observation: list[Any]
     ) -> tuple[Turn, list[int]]:
-        """The turn as messages and the ids its observation adds, without recording it."""
+        """The turn as messages and the ids its observation adds; the caller records the
+        turn (``turns.append``) or hands it to a compactor."""
         before = self.messages()
         content = self.assistant_text(generated_ids, stop_ids)
         turn = Turn({"role": "assistant", "content": content}, as_dicts(observation))
