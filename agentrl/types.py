@@ -91,12 +91,6 @@ class Group(msgspec.Struct):
     env: str
     rollouts: list[Rollout]
 
-    @property
-    def is_uniform(self) -> bool:
-        """True when every valid rollout has the same reward: the group has no signal."""
-        rewards = {r.reward for r in self.rollouts if r.trainable}
-        return len(rewards) <= 1
-
 
 class Row(msgspec.Struct):
     """One trainable row: a segment plus a copy of its rollout's reward."""

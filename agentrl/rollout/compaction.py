@@ -100,7 +100,6 @@ class Summarize:
         self.original_head = list(original_head)
         self.engine = engine
         self.stop_ids = stop_ids
-        self.last_summary_tokens = 0
 
     async def compact(
         self, context: ChatContext, turn: Turn, generated_ids: list[int], segment: SegmentBuilder,
@@ -119,7 +118,6 @@ class Summarize:
         )
         summary = await self.engine.generate(list(segment.token_ids), summary_params)
         segment.add_generated(summary.token_ids, summary.logprobs)
-        self.last_summary_tokens = len(summary.token_ids)
         text = context.assistant_text(summary.token_ids, self.stop_ids)
         head = [*self.original_head,
                 {"role": "user", "content": f"Summary of your earlier progress:\n{text}"}]
