@@ -189,9 +189,11 @@ class WarmStartConfig(msgspec.Struct, kw_only=True):
     """Demonstration rollouts played (each environment by its weight)."""
     lr: float = 3e-3
     """Peak learning rate."""
-    lr_schedule: str = "cosine"
-    """After warm-up: "cosine" or "linear" decay to 0 at the last step, or "constant"."""
-    warmup_steps: int = 20
+    lr_schedule: str = "constant"
+    """After warm-up: "cosine" or "linear" decay to 0 at the last step, or "constant"
+    (the default: it made the shipped assets/quickstart-sft, which a 250-step cosine run at
+    peak 3e-3 or 6e-3 did not match)."""
+    warmup_steps: int = 0
     hidden_size: int = 128
     """Tiny model width, when no model.path is given."""
     num_layers: int = 2
