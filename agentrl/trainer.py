@@ -41,8 +41,7 @@ from agentrl.update import (
     clip_grad_norm,
     forward_backward,
     score,
-    with_old_logprobs,
-    with_ref_logprobs,
+    with_logprobs,
 )
 
 PHASES = ("generate", "train", "sync", "other")
@@ -166,8 +165,8 @@ def run_updates(
     temperature = run.config.rollout.temperature
     figures: dict[str, float] = {}
     if run.reference is not None:  # kl_coef != 0: the KL term needs π_ref at every token
-        batches = [with_ref_logprobs(batch, score(run.reference, batch, temperature))
-                   for batch in batches]
+        batches = [with_logprobs(batch, score(run.reference, batch, temperature),
+                                 "ref_logprobs") for batch in batches]
     if len(batches) > 1 and run.config.loss.old_logprobs == "score":
         # the old policy is the one that generated: score every update's rows before the
         # first optimizer step changes the weights
@@ -175,7 +174,7 @@ def run_updates(
         scored = score(run.model, flat, temperature)
         figures["loss/mismatch_scored"] = _mismatch(run, flat, scored)
         it = iter(scored)
-        batches = [with_old_logprobs(batch, [next(it) for _ in batch]) for batch in batches]
+        batches = [with_logprobs(batch, [next(it) for _ in batch]) for batch in batches]
     stats, norms, lrs = [], [], []
     for batch in batches:
         run.optimizer.zero_grad(set_to_none=True)

@@ -10,7 +10,7 @@ Gradient clipping and the optimizer step belong to the trainer.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 import msgspec
 import torch
@@ -142,23 +142,15 @@ def score(
     return out
 
 
-def with_old_logprobs(
-    micro_batches: Sequence[MicroBatch], old_logprobs: Sequence[Tensor]
+def with_logprobs(
+    micro_batches: Sequence[MicroBatch], logprobs: Sequence[Tensor],
+    field: Literal["old_logprobs", "ref_logprobs"] = "old_logprobs",
 ) -> list[MicroBatch]:
-    """The micro-batches with ``old_logprobs`` replaced by a scoring pass's output."""
+    """The micro-batches with a scoring pass's output as their old-policy log-probs (the
+    ratio's denominator) or as the reference model's (the KL term)."""
     return [
-        msgspec.structs.replace(mb, old_logprobs=lp.to(mb.old_logprobs.device))
-        for mb, lp in zip(micro_batches, old_logprobs, strict=True)
-    ]
-
-
-def with_ref_logprobs(
-    micro_batches: Sequence[MicroBatch], ref_logprobs: Sequence[Tensor]
-) -> list[MicroBatch]:
-    """The micro-batches with the reference model's log-probs (for the KL term) attached."""
-    return [
-        msgspec.structs.replace(mb, ref_logprobs=lp.to(mb.old_logprobs.device))
-        for mb, lp in zip(micro_batches, ref_logprobs, strict=True)
+        msgspec.structs.replace(mb, **{field: lp.to(mb.old_logprobs.device)})
+        for mb, lp in zip(micro_batches, logprobs, strict=True)
     ]
 
 

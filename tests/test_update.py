@@ -19,7 +19,7 @@ from agentrl.model import ModelArgs
 from agentrl.model.tiny import init_model
 from agentrl.packing import CostModel, MicroBatch, collate, pack, plan_micro_batches
 from agentrl.types import Row
-from agentrl.update import clip_grad_norm, forward_backward, score, with_old_logprobs
+from agentrl.update import clip_grad_norm, forward_backward, score, with_logprobs
 
 VOCAB = 97
 CFG = LossConfig(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.0, tis_cap=2.0)
@@ -129,9 +129,9 @@ def test_invariance_holds_off_policy_with_clipping(setup) -> None:
             p.add_(torch.randn_like(p) * 0.05)
     # the pre-step policy doubles as the KL reference, so the KL term is live too
     one = [msgspec.structs.replace(mb, ref_logprobs=mb.old_logprobs) for mb in
-           with_old_logprobs(micro_batches_for(rows, advantages, groups_one), old[0])]
+           with_logprobs(micro_batches_for(rows, advantages, groups_one), old[0])]
     many = [msgspec.structs.replace(mb, ref_logprobs=mb.old_logprobs) for mb in
-            with_old_logprobs(micro_batches_for(rows, advantages, groups_many), old[1])]
+            with_logprobs(micro_batches_for(rows, advantages, groups_many), old[1])]
     cfg = msgspec.structs.replace(CFG, kl_coef=0.5)
     model.zero_grad(set_to_none=True)
     stats = forward_backward(model, one, cfg)
@@ -145,7 +145,7 @@ def test_invariance_holds_off_policy_with_clipping(setup) -> None:
 def test_first_update_stats_by_hand(setup) -> None:
     model, rows, advantages, _ = setup
     mbs = micro_batches_for(rows, advantages, pack([len(r.token_ids) for r in rows], 64))
-    mbs = with_old_logprobs(mbs, score(model, mbs))  # on-policy: every ratio is 1
+    mbs = with_logprobs(mbs, score(model, mbs))  # on-policy: every ratio is 1
     model.zero_grad(set_to_none=True)
     stats = forward_backward(model, mbs, CFG)
     # generated targets of valid rows: mask entries after the first token, row 5 excluded
