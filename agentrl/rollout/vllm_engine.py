@@ -254,6 +254,9 @@ class VLLMEngine:
 
         async def stop() -> None:  # on the engine's loop, where vLLM's tasks live
             llm.shutdown()
+            # AsyncLLM.__del__ shuts down again at interpreter exit, when its module
+            # globals are already gone, and prints a TypeError: it is done, make that a no-op
+            llm.shutdown = lambda *args, **kwargs: None
 
         try:
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=60)
