@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from agentrl.types import Rollout
+from agentrl.types import Group, Rollout
 
 
 class Counts(msgspec.Struct):
@@ -75,6 +75,18 @@ class StepStats(msgspec.Struct):
         return msgspec.json.encode(self.to_flat_dict()).decode()
 
 
+def drop_reason(group: Group) -> str | None:
+    """Why a group carries no learning signal ("all invalid", "uniform reward 1"), or None
+    when its valid rewards differ. The one definition of a uniform group: dynamic sampling
+    drops these, and StepStats counts them."""
+    valid = [r.reward for r in group.rollouts if r.trainable]
+    if not valid:
+        return "all invalid"
+    if len(set(valid)) == 1:
+        return f"uniform reward {valid[0]:g}"
+    return None
+
+
 def step_stats(step: int, rollouts: Sequence[Rollout]) -> StepStats:
     """Count what a step's rollouts hold, overall and per environment."""
     per_env: dict[str, Counts] = defaultdict(Counts)
@@ -89,11 +101,11 @@ def step_stats(step: int, rollouts: Sequence[Rollout]) -> StepStats:
         counts.num_trainable_tokens += rollout.num_generated_tokens if valid else 0
         counts.num_invalid_rollouts += 0 if valid else 1
         counts.reward_sum += rollout.reward
-    for members in groups.values():
+    for group_id, members in groups.items():
         counts = per_env[members[0].env]
         counts.num_groups += 1
-        valid_rewards = {r.reward for r in members if r.trainable}
-        counts.num_uniform_groups += len(valid_rewards) <= 1
+        reason = drop_reason(Group(group_id, members[0].env, members))
+        counts.num_uniform_groups += reason is not None
     total = Counts()
     for counts in per_env.values():
         total.add(counts)

@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from agentrl.config import Config, EnvironmentConfig
+from agentrl.metrics import drop_reason
 from agentrl.rollout.engine import InferenceEngine
 from agentrl.rollout.multi_turn import RolloutSpec, play_rollout
 from agentrl.types import Group, Rollout
@@ -45,16 +46,6 @@ class CollectionResult(msgspec.Struct):
     def rollouts(self) -> list[Rollout]:
         """Every rollout of the kept groups, group by group."""
         return [r for g in self.groups for r in g.rollouts]
-
-
-def drop_reason(group: Group) -> str | None:
-    """Why a group carries no learning signal, or None when it does."""
-    valid = [r.reward for r in group.rollouts if r.trainable]
-    if not valid:
-        return "all invalid"
-    if len(set(valid)) == 1:
-        return f"uniform reward {valid[0]:g}"
-    return None
 
 
 def _default_make_env(env_config: EnvironmentConfig) -> Any:

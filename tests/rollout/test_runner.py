@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from agentrl.config import config_from_dict
-from agentrl.rollout.runner import RolloutRunner, drop_reason
+from agentrl.metrics import drop_reason
+from agentrl.rollout.runner import RolloutRunner
 from agentrl.sampler import EnvironmentSampler
 from agentrl.types import Group, Rollout
 from tests.rollout.stand_ins import LongEnv, ScriptedEngine
