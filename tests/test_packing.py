@@ -22,9 +22,11 @@ def test_pack_respects_budget_and_places_every_row_once(lengths: list[int], budg
     assert placed == list(range(len(lengths)))
     assert all(sum(lengths[i] for i in b) <= budget for b in bins)
     assert all(b for b in bins)  # no empty micro-batch from pack itself
-    # never worse than the volume lower bound by more than FFD's 11/9 OPT + 1 guarantee
-    lower = -(-sum(lengths) // budget)
-    assert len(bins) <= 11 * lower / 9 + 1
+    # any-fit packing opens a micro-batch only when a row fits in none of the open ones, so
+    # no two micro-batches could be merged (hence at most one is half empty). (A bound
+    # against the volume lower bound would be wrong: [32, 33, 33, 33, 33] in 64 needs 5.)
+    loads = [sum(lengths[i] for i in b) for b in bins]
+    assert all(a + b > budget for i, a in enumerate(loads) for b in loads[i + 1:])
 
 
 @settings(max_examples=100, deadline=None)
