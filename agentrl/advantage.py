@@ -18,7 +18,7 @@ from agentrl.reassembler import check_reward_copies, rollout_validity
 from agentrl.types import Row
 
 STD_EPSILON = 1e-6
-"""Added to the group's population std (ddof=0) before dividing, with scale_by_std."""
+"""Added to the group's sample std (ddof=1) before dividing, with scale_by_std."""
 
 
 class RolloutAdvantage(msgspec.Struct):
@@ -37,10 +37,15 @@ Estimator = Callable[[np.ndarray, bool], tuple[np.ndarray, np.ndarray]]
 
 
 def _grpo(rewards: np.ndarray, scale_by_std: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Mean baseline; with ``scale_by_std`` divided by the SAMPLE std (ddof=1) + 1e-6, as
+    verl, NeMo-RL and TRL do, so their learning rates transfer. A group of one has no
+    sample std: its advantage is 0 (it is also 0 without scaling)."""
     baseline = np.full_like(rewards, rewards.mean())
     advantages = rewards - baseline
     if scale_by_std:
-        advantages = advantages / (rewards.std() + STD_EPSILON)
+        if len(rewards) < 2:
+            return baseline, np.zeros_like(rewards)
+        advantages = advantages / (rewards.std(ddof=1) + STD_EPSILON)
     return baseline, advantages
 
 

@@ -80,7 +80,8 @@ class AdvantageConfig(_Section):
     estimator: Literal["grpo", "rloo", "dr_grpo"] = "grpo"
     """Baseline within each group: mean (grpo, dr_grpo) or leave-one-out mean (rloo)."""
     scale_by_std: bool = False
-    """grpo only: divide by the group's population std + 1e-6."""
+    """grpo only: divide by the group's sample std (ddof=1, as verl, NeMo-RL and TRL) +
+    1e-6; a group of one rollout gets advantage 0."""
 
 
 class OptimConfig(_Section):

@@ -27,10 +27,26 @@ def test_rloo_on_a_small_group_by_hand():
 
 def test_grpo_std_scaling_by_hand():
     rows = to_rows([rollout("a", "G", 1.0), rollout("b", "G", 0.0)])
-    # mean 0.5, population std 0.5 → ±0.5 / (0.5 + 1e-6)
-    expected = 0.5 / (0.5 + 1e-6)
+    # mean 0.5, sample std (ddof=1) sqrt(0.5) = 0.70711 → ±0.5 / (0.70711 + 1e-6) = ±0.70711;
+    # the population std (0.5) would give ±1.0, 41% larger at group size 2
+    expected = 0.5 / (math.sqrt(0.5) + 1e-6)
     assert compute_advantages(rows, "grpo", scale_by_std=True) == pytest.approx(
-        [expected, -expected])
+        [expected, -expected], abs=1e-12)
+    assert abs(expected - 0.70711) < 1e-5
+
+
+def test_grpo_std_scaling_at_group_size_eight_uses_the_sample_std():
+    rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    rows = to_rows([rollout(f"r{i}", "G", r) for i, r in enumerate(rewards)])
+    # mean 3/8; sum of squared deviations 3·(5/8)² + 5·(3/8)² = 1.875; ddof=1: /7
+    sample_std = math.sqrt(1.875 / 7)
+    assert compute_advantages(rows, "grpo", scale_by_std=True)[0] == pytest.approx(
+        (5 / 8) / (sample_std + 1e-6), abs=1e-12)
+
+
+def test_grpo_std_scaling_of_a_group_of_one_is_zero():
+    rows = to_rows([rollout("a", "G", 1.0), rollout("b", "H", 0.0), rollout("c", "H", 1.0)])
+    assert compute_advantages(rows, "grpo", scale_by_std=True)[0] == 0.0
 
 
 def test_dr_grpo_never_scales_and_refuses_std():
