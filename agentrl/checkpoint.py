@@ -2,14 +2,20 @@
 
 Layout of ``RUN_DIR/checkpoints/step_N/``::
 
-    config.json, model.safetensors, tokenizer.json, ...   the policy in Hugging Face format
-                                                          (loadable by transformers and vLLM)
+    config.json, model.safetensors, tokenizer.json, ...   the policy's fp32 master weights
+                                                          in Hugging Face format (loadable
+                                                          by transformers and vLLM)
     trainer_state.json   step and cumulative counters, sampler and RNG state (python, numpy)
-    optimizer.pt         AdamW state, scheduler state, torch RNG state
+    optimizer/           AdamW state as each rank's shards (torch.distributed.checkpoint);
+                         a resume may use another rank count (DCP reshards)
+    trainer.pt           scheduler state, torch RNG state
 
-A checkpoint is written into a temporary folder next to its final place and renamed once
-complete, so a run killed mid-write leaves the previous checkpoints intact and at most a
-``.tmp-*`` folder, which :func:`latest_checkpoint` ignores.
+Saving is collective: every rank gathers the weights to rank 0 and writes its own optimizer
+shard; rank 0 writes the rest. Several machines therefore need the run folder on a shared
+filesystem to checkpoint and resume. A checkpoint is written into a temporary folder next
+to its final place and renamed once complete, so a run killed mid-write leaves the
+previous checkpoints intact and at most a ``.tmp-*`` folder, which
+:func:`latest_checkpoint` ignores.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ import torch
 
 CHECKPOINT_DIR = "checkpoints"
 STATE_FILE = "trainer_state.json"
-OPTIMIZER_FILE = "optimizer.pt"
+OPTIMIZER_DIR = "optimizer"
+TRAINER_FILE = "trainer.pt"
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -90,35 +97,45 @@ def save_checkpoint(
     scheduler: Any,
     tokenizer_dir: str | Path | None = None,
 ) -> Path:
-    """Write ``step_<state.step>`` atomically and return its path.
+    """Write ``step_<state.step>`` atomically (collective: call on every rank); returns it.
 
     ``tokenizer_dir`` is the folder the model was loaded from: its tokenizer files are
     copied so that the checkpoint is a complete Hugging Face folder.
     """
-    from agentrl.model import save_pretrained
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from agentrl.model.checkpoint import save_state_dict
+    from agentrl.parallel.fsdp import full_state_dict
+    from agentrl.parallel.groups import broadcast_object, get_rank
 
     final = step_dir(run_dir, state.step)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{state.step}-", dir=final.parent))
+    is_main = get_rank() == 0
+    tmp = None
+    if is_main:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{state.step}-", dir=final.parent))
+    tmp = Path(broadcast_object(str(tmp) if tmp else None))
     try:
-        save_pretrained(model, tmp)
+        weights = full_state_dict(model)  # on rank 0's CPU, one parameter at a time
+        dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)},
+                 checkpoint_id=tmp / OPTIMIZER_DIR)
+        if not is_main:
+            return final
+        save_state_dict(model.config, weights, tmp, "float32")
+        del weights
         copy_tokenizer_files(tokenizer_dir, tmp)
         capture_rng(state)
         (tmp / STATE_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(state)))
-        torch.save(
-            {
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "torch_rng": torch.get_rng_state(),
-            },
-            tmp / OPTIMIZER_FILE,
-        )
+        torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None,
+                    "torch_rng": torch.get_rng_state()}, tmp / TRAINER_FILE)
         _fsync_dir(tmp)
         if final.exists():  # re-saving the same step (e.g. after a resume): replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
 
@@ -136,7 +153,7 @@ def copy_tokenizer_files(src: str | Path | None, dst: Path) -> None:
 
 def _fsync_dir(path: Path) -> None:
     """Flush file contents before the rename, so a crash cannot expose a half-written file."""
-    for child in path.iterdir():
+    for child in path.rglob("*"):
         if child.is_file():
             with open(child, "rb") as handle:
                 os.fsync(handle.fileno())
@@ -167,24 +184,40 @@ def read_state(path: str | Path) -> TrainerState:
 
 
 def load_training_state(
-    path: str | Path, optimizer: torch.optim.Optimizer, scheduler: Any
+    path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> TrainerState:
-    """Restore optimizer, scheduler and every RNG from a checkpoint; return its counters.
+    """Restore optimizer, scheduler and every RNG from a checkpoint; return its counters
+    (collective: call on every rank).
 
-    The weights are loaded separately (the model is built from the checkpoint folder with
-    ``agentrl.model.load_pretrained``), so this never holds two copies of the model.
+    The weights are loaded separately (``agentrl.parallel.fsdp.load_sharded`` reads the
+    checkpoint folder), so this never holds two copies of the model. Rank 0 reads the
+    counters and the scheduler and broadcasts them; each rank reads its optimizer shards.
     """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    from agentrl.parallel.groups import broadcast_object, get_rank
+
     path = Path(path)
-    if not (path / STATE_FILE).exists():
+    if get_rank() == 0 and not (path / STATE_FILE).exists():
         raise ValueError(
             f"{path} is not a complete agentrl checkpoint (no {STATE_FILE}); pass a "
             f"RUN_DIR/{CHECKPOINT_DIR}/step_N folder"
         )
-    state = read_state(path)
-    blob = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
-    optimizer.load_state_dict(blob["optimizer"])
+    blob = None
+    if get_rank() == 0:
+        blob = {"state": (path / STATE_FILE).read_bytes(),
+                **torch.load(path / TRAINER_FILE, map_location="cpu", weights_only=True)}
+    blob = broadcast_object(blob)
+    template = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(template, checkpoint_id=path / OPTIMIZER_DIR)
+    set_optimizer_state_dict(model, optimizer, template["optimizer"])
     if scheduler is not None and blob["scheduler"] is not None:
         scheduler.load_state_dict(blob["scheduler"])
     torch.set_rng_state(blob["torch_rng"])
+    state = msgspec.json.decode(blob["state"], type=TrainerState)
     restore_rng(state)
     return state

@@ -28,8 +28,11 @@ class ModelConfig(_Section):
     path: str = ""
     """Local Hugging Face folder (config.json, *.safetensors, tokenizer.json). Nothing is
     downloaded. Empty: the trainer builds or reuses the tiny built-in checkpoint."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype for training and the torch engine."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """COMPUTE dtype of training forwards/backwards and of the engines. Master weights,
+    gradients, their reduction over ranks and the optimizer state are always float32
+    (FSDP2 mixed precision); log-probs and the loss are float32. "auto": bfloat16 on a
+    GPU (flash-attn needs it), float32 on the CPU."""
     attention: Literal["auto", "flash", "torch"] = "auto"
     """Varlen attention backend: flash-attn when importable on a GPU ("auto"), else PyTorch."""
 
@@ -166,8 +169,18 @@ class TrainConfig(_Section):
     eval_tasks_per_env: int = 16
     """Held-out tasks per environment in each validation."""
     num_ranks: int = 1
-    """Data-parallel ranks: `agentrl train` spawns one process per rank; rank 0 generates
-    and broadcasts the rollouts, every rank trains on its share of the rows."""
+    """Data-parallel ranks on THIS machine, a shortcut for `torchrun --standalone
+    --nproc-per-node num_ranks -m agentrl train ...` (the same code path). Under torchrun
+    (one or many machines) torchrun's process count decides and this must stay 1 or equal
+    it. Rank 0 generates and broadcasts the rollouts; every rank trains on its share."""
+    collective_timeout_s: float | None = None
+    """Seconds any collective (all-reduce, all-gather, broadcast) may take before the job
+    fails. None: derived above the rollout and validation budgets (see
+    ``agentrl.parallel.timeouts``). Ranks never sit in a collective while rank 0 generates,
+    validates or checkpoints; they wait with ``wait_for_rank0_timeout_s``."""
+    wait_for_rank0_timeout_s: float | None = None
+    """Seconds ranks 1..N wait (outside any collective) for rank 0 to finish a collection,
+    a validation or a checkpoint. None: derived from the rollout and validation budgets."""
 
 
 class LogConfig(_Section):

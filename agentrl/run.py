@@ -1,10 +1,12 @@
-"""Setting up a training run: model, engine, runner, optimizer, writers, ranks.
+"""Setting up a training run: process group, sharded model, engine, runner, optimizer.
 
 :func:`build_run` is the one place a run is assembled; ``agentrl.trainer`` only runs it.
-With data parallelism (``train.num_ranks > 1``) every rank holds the model and its
-optimizer, and rank 0 alone holds the inference engine, the runner, the writers and the
-checkpoints: it collects each step's rollouts and broadcasts them, every rank trains on
-its share of the rows, and the summed gradients keep all ranks' weights identical.
+Every process is a rank of a process group (a group of one without torchrun). The policy
+is sharded with FSDP2 over all ranks: fp32 master weights and AdamW state, compute in
+``model.dtype``. Rank 0 alone also holds the inference engine (with its own copy of the
+weights in the compute dtype, refreshed after every step), the runner, the writers and
+the checkpoint files: it collects each step's rollouts and broadcasts them, every rank
+trains on its share of the rows, and FSDP2 sums the gradients over ranks.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from agentrl import distributed
 from agentrl.accounting import BatchPlan, plan_batches
 from agentrl.checkpoint import TrainerState, latest_checkpoint, load_training_state
 from agentrl.config import Config
 from agentrl.metric_writers import MultiWriter, build_writers
 from agentrl.packing import CostModel
+from agentrl.parallel import groups
+from agentrl.parallel.fsdp import iter_full_parameters, load_sharded
+from agentrl.parallel.timeouts import Timeouts, timeouts
 from agentrl.sampler import EnvironmentSampler
 from agentrl.schedule import build_optimizer, build_scheduler
 
@@ -40,7 +44,9 @@ class Run:
     config: Config
     run_dir: Path
     model: Any
+    """The policy, FSDP2-sharded over all ranks (fp32 master weights)."""
     tokenizer: Any
+    """Rank 0 only (None on other ranks)."""
     tokenizer_dir: Path
     """Folder whose tokenizer files every checkpoint copies."""
     engine: Any
@@ -53,58 +59,74 @@ class Run:
     state: TrainerState
     plan: BatchPlan
     cost: CostModel
+    timeouts: Timeouts
+    compute_dtype: torch.dtype
     process_group: dist.ProcessGroup | None = None
     reference: Any = None
-    """Frozen initial model for the KL term (only when loss.kl_coef != 0)."""
+    """Frozen initial model for the KL term (only when loss.kl_coef != 0), sharded."""
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
 
     @property
     def rank(self) -> int:
         """This process's data-parallel rank (0 on one process)."""
-        return distributed.get_rank(self.process_group)
+        return groups.get_rank(self.process_group)
 
     @property
     def world_size(self) -> int:
         """Data-parallel ranks (1 on one process)."""
-        return distributed.get_world_size(self.process_group)
+        return groups.get_world_size(self.process_group)
 
     @property
     def is_main(self) -> bool:
         """Rank 0: generates, writes metrics and checkpoints."""
         return self.rank == 0
 
+    def on_main(self, tag: str, work: Any) -> Any:
+        """Run ``work()`` on rank 0 alone while the other ranks wait OUTSIDE any collective
+        (their own long timeout); returns rank 0's result on rank 0, None elsewhere."""
+        result = None
+        if self.is_main:
+            result = work()
+            groups.signal_main_done(tag, self.process_group)
+        else:
+            groups.wait_for_main(tag, self.timeouts.wait_for_rank0_s, self.process_group)
+        return result
+
     def collect(self, step: int) -> Any:
         """One collection of the plan's rollouts on rank 0, shared with every rank."""
         from agentrl.rollout.runner import CollectionResult
 
-        result = None
-        if self.is_main:
-            result = self.loop.run_until_complete(
-                self.runner.collect(step, self.plan.num_rollouts))
-        if not distributed.is_distributed(self.process_group):
+        result = self.on_main(f"collection/{step}", lambda: self.loop.run_until_complete(
+            self.runner.collect(step, self.plan.num_rollouts)))
+        if not groups.is_distributed(self.process_group):
             return result
-        box = [msgspec.msgpack.encode(result) if self.is_main else None]
-        dist.broadcast_object_list(box, src=0, group=self.process_group)
-        return msgspec.msgpack.decode(box[0], type=CollectionResult)
+        payload = msgspec.msgpack.encode(result) if self.is_main else None
+        payload = groups.broadcast_object(payload, self.process_group)
+        return msgspec.msgpack.decode(payload, type=CollectionResult)
 
-    def validate(self) -> dict[str, float]:
-        """Accuracy per environment on held-out tasks (``eval/<name>/accuracy``); rank 0."""
+    def validate(self, step: int) -> dict[str, float]:
+        """Accuracy per environment on held-out tasks (``eval/<name>/accuracy``), computed
+        by rank 0 while the other ranks wait; {} on other ranks."""
         from agentrl.evaluation import evaluate
 
-        if not self.is_main:
-            return {}
-        start = time.perf_counter()
-        accuracy = self.loop.run_until_complete(
-            evaluate(self.engine, self.tokenizer, self.config,
-                     self.config.train.eval_tasks_per_env)
-        )
-        return {**eval_metrics(accuracy), "time/eval": time.perf_counter() - start}
+        def work() -> dict[str, float]:
+            start = time.perf_counter()
+            accuracy = self.loop.run_until_complete(
+                evaluate(self.engine, self.tokenizer, self.config,
+                         self.config.train.eval_tasks_per_env))
+            return {**eval_metrics(accuracy), "time/eval": time.perf_counter() - start}
+
+        return self.on_main(f"validation/{step}", work) or {}
 
     def sync_weights(self) -> None:
-        """Give the engine the new policy; a torch engine sharing the model needs nothing."""
-        if self.engine is None or getattr(self.engine, "model", None) is self.model:
+        """Give rank 0's engine the new policy, gathered one parameter at a time in the
+        compute dtype (collective: every rank takes part in each gather)."""
+        tensors = iter_full_parameters(self.model, self.compute_dtype)
+        if self.engine is None:
+            for _ in tensors:  # ranks 1..N: take part in each gather
+                pass
             return
-        self.engine.update_weights(self.model.state_dict())
+        self.engine.update_weights(dict(tensors))
 
 
 def eval_metrics(accuracy: dict[str, float]) -> dict[str, float]:
@@ -115,38 +137,38 @@ def eval_metrics(accuracy: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def build_run(
-    config: Config, run_dir: str | Path, resume: bool = False,
-    process_group: dist.ProcessGroup | None = None,
-) -> Run:
-    """Load or build the model, engine, runner, optimizer and writers of a run.
+def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
+    """Join the process group, load or build the sharded model, the engine, runner,
+    optimizer and writers of a run.
 
     With ``resume`` the newest checkpoint in ``run_dir`` provides the weights, optimizer,
     scheduler, sampler, RNG states and counters, so the run continues exactly.
     """
-    from agentrl.model import load_pretrained, load_tokenizer
+    from agentrl.model import load_tokenizer
 
+    limits = timeouts(config)
+    group = groups.init_process_group(limits.collective_s)
+    is_main = groups.get_rank(group) == 0
     run_dir = Path(run_dir)
-    is_main = distributed.get_rank(process_group) == 0
-    checkpoint = latest_checkpoint(run_dir) if resume else None
+    checkpoint = groups.broadcast_object(
+        latest_checkpoint(run_dir) if resume and is_main else None, group)
     if resume and checkpoint is None:
         raise ValueError(f"--resume: {run_dir} holds no complete checkpoint; drop --resume "
                          "to start a new run there")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(config.train.seed)
-    initial_dir = resolve_model_dir(config, run_dir)
-    model_dir = checkpoint or initial_dir
-    dtype = getattr(torch, config.model.dtype)
-    device = training_device()
-    model = load_pretrained(model_dir, dtype=dtype, attention=config.model.attention,
-                            device=device)
+    device = groups.local_device()
+    compute = compute_dtype(config.model.dtype, device)
+    attention = announce_attention(config.model.attention, compute, device, is_main)
+    initial_dir = groups.broadcast_object(
+        resolve_model_dir(config, run_dir) if is_main else None, group)
+    model_dir = Path(checkpoint or initial_dir)
+    model = load_sharded(model_dir, torch.float32, compute, attention, device)
     reference = None
     if config.loss.kl_coef != 0.0:  # the initial policy, also when resuming
-        reference = load_pretrained(initial_dir, dtype=dtype, attention=config.model.attention,
-                                    device=device)
+        reference = load_sharded(initial_dir, compute, compute, attention, device)
         reference.requires_grad_(False)
-    model = distributed.wrap_model(model, process_group)
-    tokenizer = load_tokenizer(model_dir)
     optimizer = build_optimizer(model, config.optim)
     scheduler = build_scheduler(optimizer, config.optim)
     sampler = EnvironmentSampler(
@@ -154,12 +176,14 @@ def build_run(
     )
     state = TrainerState()
     if checkpoint is not None:
-        state = load_training_state(checkpoint, optimizer, scheduler)
+        state = load_training_state(checkpoint, model, optimizer, scheduler)
         sampler.load_state_dict(state.sampler)
-    engine = runner = None
+    tokenizer = engine = runner = None
     writers: Any = MultiWriter([])
     if is_main:
-        engine = build_engine(config, model, tokenizer, model_dir)
+        tokenizer = load_tokenizer(model_dir)
+        engine = build_engine(config, load_engine_model(config, model_dir, compute, attention,
+                                                        device), tokenizer, model_dir)
         runner = build_runner(config, engine, tokenizer, sampler)
         write_run_config(config, run_dir)
         writers = build_writers(run_dir, config.train.num_steps, config.log.live,
@@ -170,17 +194,38 @@ def build_run(
         args.hidden_size, args.num_hidden_layers, args.intermediate_size, args.vocab_size,
         num_kv_heads_ratio=args.num_key_value_heads / args.num_attention_heads)
     return Run(config=config, run_dir=run_dir, model=model, tokenizer=tokenizer,
-               tokenizer_dir=Path(model_dir), engine=engine, runner=runner, sampler=sampler,
+               tokenizer_dir=model_dir, engine=engine, runner=runner, sampler=sampler,
                optimizer=optimizer, scheduler=scheduler, writers=writers, state=state,
-               plan=plan_batches(config), cost=cost, process_group=process_group,
-               reference=reference)
+               plan=plan_batches(config), cost=cost, timeouts=limits, compute_dtype=compute,
+               process_group=group, reference=reference)
 
 
-def training_device() -> torch.device:
-    """This rank's GPU when there is one (NCCL init already picked it), else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+def compute_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``model.dtype`` as a torch dtype; "auto" is bfloat16 on a GPU, float32 on the CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def announce_attention(choice: str, dtype: torch.dtype, device: torch.device,
+                       is_main: bool) -> str:
+    """The attention backend to build the model with; rank 0 says once which and why."""
+    from agentrl.model.attention import choose_backend
+
+    backend, why = choose_backend(choice, dtype, device)
+    if is_main:
+        print(f"attention: {why}", flush=True)
+    return backend
+
+
+def load_engine_model(config: Config, model_dir: Path, dtype: torch.dtype, attention: str,
+                      device: torch.device) -> Any:
+    """The engine's own copy of the policy in the compute dtype (vLLM loads its own)."""
+    from agentrl.model import load_pretrained
+
+    if config.rollout.engine == "vllm":
+        return None
+    return load_pretrained(model_dir, dtype=dtype, attention=attention, device=device).eval()
 
 
 def seed_everything(seed: int) -> None:
@@ -210,18 +255,22 @@ def resolve_model_dir(config: Config, run_dir: Path) -> Path:
 
 
 def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path) -> Any:
-    """The inference engine: the torch engine sharing the trainer's model, or vLLM."""
+    """The inference engine: the torch engine over ``model`` (its own copy, never the
+    trainer's sharded module), or vLLM loading ``model_dir`` itself."""
+    from agentrl.model import read_args
+
     rollout = config.rollout
     if config.compaction.strategy != "none":
         max_len = config.compaction.max_context_tokens + rollout.max_new_tokens + 1
     else:
         max_len = rollout.max_rollout_tokens + 2048  # generated tokens + prompt/observations
-    max_len = min(max_len, model.config.max_position_embeddings)
+    max_len = min(max_len, read_args(Path(model_dir)).max_position_embeddings)
     if rollout.engine == "vllm":
         from agentrl.rollout.vllm_engine import VLLMEngine
 
+        dtype = compute_dtype(config.model.dtype, groups.local_device())
         args = {"gpu_memory_utilization": 0.5, "max_model_len": max_len, **rollout.vllm_args}
-        return VLLMEngine.from_pretrained(str(model_dir), dtype=config.model.dtype,
+        return VLLMEngine.from_pretrained(str(model_dir), dtype=str(dtype).removeprefix("torch."),
                                           seed=config.train.seed, **args)
     from agentrl.rollout.torch_engine import TorchEngine
 

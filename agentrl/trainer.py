@@ -6,9 +6,9 @@ One *step* = one collection and its ``num_steps_per_rollout`` optimizer updates:
       → reassemble (rollouts → rows)  → advantages (one per rollout, broadcast to rows)
       → split into updates by rollout → pack into micro-batches (this rank's share)
       → old-policy scoring pass (only when a collection has several updates)
-      → for each update: forward/backward (tokens and gradients summed over ranks),
-        clip, AdamW step, lr schedule
-      → weight sync to the engine → metrics, validation, checkpoint
+      → for each update: forward/backward (FSDP2: tokens counted and gradients summed
+        over ranks), clip, AdamW step on the fp32 shards, lr schedule
+      → weight sync to the engine → metrics, validation (rank 0), checkpoint
 
 Setup lives in :mod:`agentrl.run` (``build_run``); this module only runs.
 """
@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+import torch
 
-from agentrl import distributed
 from agentrl.advantage import compute_advantages
 from agentrl.checkpoint import TrainerState, save_checkpoint
 from agentrl.metrics import (
@@ -33,12 +33,13 @@ from agentrl.metrics import (
     step_stats,
 )
 from agentrl.packing import MicroBatch, collate, plan_micro_batches
+from agentrl.parallel import groups
+from agentrl.parallel.fsdp import clip_grad_norm
 from agentrl.reassembler import to_rows
 from agentrl.run import Run
 from agentrl.types import Rollout, Row
 from agentrl.update import (
     UpdateStats,
-    clip_grad_norm,
     forward_backward,
     score,
     with_logprobs,
@@ -68,17 +69,16 @@ def train(run: Run) -> TrainerState:
     """Run steps until ``train.num_steps``, validating, logging and checkpointing."""
     cfg = run.config.train
     try:
-        if cfg.eval_every and run.state.step == 0 and run.is_main:
-            run.writers.write({"step": 0, **cumulative(run.state), **run.validate()})
+        if cfg.eval_every and run.state.step == 0:
+            run.writers.write({"step": 0, **cumulative(run.state), **run.validate(0)})
         while run.state.step < cfg.num_steps:
             step = run.state.step + 1
             metrics = train_step(run, step)
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.num_steps):
-                metrics.update(run.validate())
+                metrics.update(run.validate(step))
             run.writers.write(metrics)
             last = step == cfg.num_steps
-            if run.is_main and (last or (cfg.checkpoint_every
-                                         and step % cfg.checkpoint_every == 0)):
+            if last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
                 run.state.sampler = run.sampler.state_dict()
                 save_checkpoint(run.run_dir, run.state, run.model, run.optimizer,
                                 run.scheduler, tokenizer_dir=run.tokenizer_dir)
@@ -192,13 +192,16 @@ def run_updates(
 
 
 def _mismatch(run: Run, micro_batches: list[MicroBatch], scored: list[Any]) -> float:
-    """Mean |trainer − engine| log-prob over generated tokens of all ranks, before updates."""
-    total, count = 0.0, 0.0
+    """Mean |trainer − engine| log-prob over generated tokens of all ranks, before updates.
+
+    Computed on the scores' device (the model's): the micro-batches stay on the CPU."""
+    device = scored[0].device if scored else None
+    sums = torch.zeros(2, dtype=torch.float64, device=device)
     for mb, lp in zip(micro_batches, scored, strict=True):
-        total += float(((lp - mb.engine_logprobs).abs() * mb.loss_mask).sum())
-        count += float(mb.loss_mask.sum())
-    total = distributed.all_reduce_scalar(total, run.process_group)
-    count = distributed.all_reduce_scalar(count, run.process_group)
+        mask = mb.loss_mask.to(lp.device)
+        sums[0] += ((lp - mb.engine_logprobs.to(lp.device)).abs() * mask).sum()
+        sums[1] += mask.sum()
+    total, count = groups.all_reduce_sum(sums, run.process_group).tolist()
     return total / count if count else 0.0
 
 

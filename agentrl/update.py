@@ -2,8 +2,9 @@
 
 Order matters: the update's token count N is summed over micro-batches AND ranks before
 the first backward, because every token's loss is divided by N. Each ``.backward()`` then
-adds its micro-batch's already-normalized gradient; a final all-reduce SUMS the ranks'
-gradients. The result equals one backward over all rows at once (invariant 4).
+adds its micro-batch's already-normalized gradient; with several ranks the model is
+FSDP2-sharded (``agentrl.parallel.fsdp``), which reduce-scatters and SUMS the ranks'
+gradients in fp32. The result equals one backward over all rows at once (invariant 4).
 Gradient clipping and the optimizer step belong to the trainer.
 """
 
@@ -16,10 +17,11 @@ import msgspec
 import torch
 from torch import Tensor, nn
 
-from agentrl import distributed
 from agentrl.config import LossConfig
 from agentrl.loss import LossParts, entropy, policy_loss, token_logprobs
 from agentrl.packing import MicroBatch
+from agentrl.parallel import groups
+from agentrl.parallel.fsdp import is_sharded
 
 
 class CausalLM(Protocol):
@@ -83,9 +85,12 @@ def forward_backward(
     with empty ones). Gradients are added to whatever ``.grad`` holds: zero them first.
     ``temperature``: the rollout temperature (see ``sampling_logits``).
     """
+    if groups.is_distributed(process_group) and not is_sharded(model):
+        raise ValueError("forward_backward on several ranks needs an FSDP2-sharded model "
+                         "(agentrl.parallel.fsdp.shard_model), which sums the gradients")
     device = _device_of(model)
     local_tokens = sum(mb.num_tokens for mb in micro_batches)
-    num_tokens = distributed.all_reduce_scalar(local_tokens, process_group, device)
+    num_tokens = groups.all_reduce_scalar(local_tokens, process_group, device)
     # no generated token anywhere: run the same calls (collectives stay matched) with a
     # harmless denominator; every mask is 0 so the gradient is 0
     denominator = max(num_tokens, 1.0)
@@ -101,8 +106,7 @@ def forward_backward(
         loss.backward()
         sums += _figures(parts, entropy(logits), mb.loss_mask, denominator)
         del logits, logprobs, loss  # free this micro-batch's activations before the next
-    distributed.all_reduce_gradients(model.parameters(), process_group)
-    distributed.all_reduce_sum(sums, process_group)
+    groups.all_reduce_sum(sums, process_group)
     return _stats(sums.tolist(), int(num_tokens), len(micro_batches))
 
 
@@ -152,18 +156,3 @@ def with_logprobs(
         msgspec.structs.replace(mb, **{field: lp.to(mb.old_logprobs.device)})
         for mb, lp in zip(micro_batches, logprobs, strict=True)
     ]
-
-
-def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
-    """Clip the global gradient norm to ``max_norm`` (0 or less: only measure it); returns
-    the norm before clipping. Call after ``forward_backward``, so the gradients are summed
-    over ranks and every rank clips identically."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    if not params:
-        return 0.0
-    if max_norm <= 0:
-        norm = torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
-        )
-        return float(norm)
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))

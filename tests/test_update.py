@@ -18,8 +18,9 @@ from agentrl.loss import policy_loss, token_logprobs
 from agentrl.model import ModelArgs
 from agentrl.model.tiny import init_model
 from agentrl.packing import CostModel, MicroBatch, collate, pack, plan_micro_batches
+from agentrl.parallel.fsdp import clip_grad_norm
 from agentrl.types import Row
-from agentrl.update import clip_grad_norm, forward_backward, score, with_logprobs
+from agentrl.update import forward_backward, score, with_logprobs
 
 VOCAB = 97
 CFG = LossConfig(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.0, tis_cap=2.0)

@@ -1,40 +1,36 @@
-"""Split across 2 gloo processes, one update gives the single-process gradient."""
+"""Split across 2 gloo ranks with FSDP2, one update gives the single-process gradient."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
-import torch.multiprocessing as mp
 from test_update import CFG, COST, gradient, make_model, make_rows, micro_batches_for
 
-from agentrl import distributed
 from agentrl.packing import plan_micro_batches
+from agentrl.parallel import groups
+from agentrl.parallel.fsdp import iter_full_parameters, shard_model
 from agentrl.update import forward_backward
+from tests.parallel.ranks import spawn_ranks
 
 NUM_RANKS = 2
 BUDGET = 48
 
 
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    group = distributed.init_process_group(rank, NUM_RANKS, f"file://{init_file}", "gloo")
-    try:
-        # rank 1 starts from other weights: wrap_model must make them rank 0's
-        model = distributed.wrap_model(make_model(seed=rank), group)
-        rows, advantages = make_rows(num_rows=13)
-        plan = plan_micro_batches([len(r.token_ids) for r in rows], BUDGET, NUM_RANKS, COST)
-        mbs = micro_batches_for(rows, advantages, plan[distributed.get_rank(group)])
-        stats = forward_backward(model, mbs, CFG, process_group=group)
-        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-        torch.save({"grad": grads, "stats": stats.loss, "num_tokens": stats.num_tokens,
-                    "num_micro": len(mbs)}, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        distributed.destroy_process_group()
+def _worker(rank: int, out_dir: str) -> None:
+    model = shard_model(make_model(seed=0), None, torch.device("cpu"))
+    rows, advantages = make_rows(num_rows=13)
+    plan = plan_micro_batches([len(r.token_ids) for r in rows], BUDGET, NUM_RANKS, COST)
+    mbs = micro_batches_for(rows, advantages, plan[groups.get_rank()])
+    stats = forward_backward(model, mbs, CFG)
+    grads = torch.cat([p.grad.full_tensor().reshape(-1) for p in model.parameters()])
+    torch.save({"grad": grads, "stats": stats.loss, "num_tokens": stats.num_tokens,
+                "num_micro": len(mbs)}, Path(out_dir) / f"rank{rank}.pt")
 
 
-def test_two_gloo_ranks_give_the_single_process_gradient(tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=NUM_RANKS)
+def test_two_fsdp_ranks_give_the_single_process_gradient(tmp_path: Path) -> None:
+    spawn_ranks(NUM_RANKS, _worker, str(tmp_path))
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(NUM_RANKS)]
 
     rows, advantages = make_rows(num_rows=13)
@@ -53,3 +49,15 @@ def test_two_gloo_ranks_give_the_single_process_gradient(tmp_path: Path) -> None
         assert abs(res["stats"] - reference_loss) < 1e-6
     # averaging instead of summing across ranks would halve the gradient: the test sees it
     assert (reference / NUM_RANKS - reference).abs().max() > 1e-4
+
+
+def _unsharded_worker(rank: int) -> None:
+    rows, advantages = make_rows(num_rows=4)
+    mbs = micro_batches_for(rows, advantages, [[rank, rank + 2]])
+    with pytest.raises(ValueError, match="FSDP2-sharded"):
+        forward_backward(make_model(), mbs, CFG, process_group=None)
+    list(iter_full_parameters(make_model()))  # a plain model needs no gather
+
+
+def test_several_ranks_refuse_a_model_that_would_not_sum_gradients() -> None:
+    spawn_ranks(NUM_RANKS, _unsharded_worker)

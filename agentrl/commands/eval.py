@@ -25,18 +25,19 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     import msgspec
-    import torch
 
     from agentrl.config import load_config
     from agentrl.evaluation import evaluate
     from agentrl.model import load_pretrained, load_tokenizer
-    from agentrl.run import build_engine
+    from agentrl.parallel.groups import local_device
+    from agentrl.run import build_engine, compute_dtype
 
     config = load_config(args.config, args.overrides)
     config = msgspec.structs.replace(
         config, model=msgspec.structs.replace(config.model, path=args.checkpoint))
-    model = load_pretrained(args.checkpoint, dtype=getattr(torch, config.model.dtype),
-                            attention=config.model.attention)
+    device = local_device()
+    model = load_pretrained(args.checkpoint, dtype=compute_dtype(config.model.dtype, device),
+                            attention=config.model.attention, device=device)
     tokenizer = load_tokenizer(args.checkpoint)
     engine = build_engine(config, model, tokenizer, args.checkpoint)
     num_tasks = args.tasks or config.train.eval_tasks_per_env

@@ -1,13 +1,13 @@
 """``agentrl train CONFIG [--set k=v ...] [--out DIR] [--resume]``: run RL training.
 
-With ``train.num_ranks > 1`` the command spawns one process per data-parallel rank
-(gloo on CPU, NCCL on GPUs) joined through a file in the run folder.
+One process trains alone; several ranks, on one machine or many, start through torchrun
+(``torchrun --nnodes N --nproc-per-node G -m agentrl train CONFIG``). ``train.num_ranks >
+1`` outside torchrun starts that many local ranks through torchrun itself.
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,42 +27,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the config, train on one or several ranks, and print where everything went."""
+    """Load the config, then train here or start the local ranks that will."""
     from agentrl.accounting import describe_plan, plan_batches
     from agentrl.config import load_config
+    from agentrl.parallel.groups import get_rank
+    from agentrl.parallel.launch import check_rank_count, launch_local_ranks, needs_local_launch
 
     config = load_config(args.config, args.overrides)
+    check_rank_count(config)
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    print(describe_plan(plan_batches(config)))
-    num_ranks = config.train.num_ranks
-    if num_ranks > 1:
-        import torch.multiprocessing as mp
-
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out) as rendezvous:
-            init = f"file://{Path(rendezvous).resolve()}/init"
-            mp.spawn(_train_rank, args=(num_ranks, init, config, out, args.resume),
-                     nprocs=num_ranks, join=True)
-    else:
-        _train_rank(0, 1, None, config, out, args.resume)
+    if needs_local_launch(config):
+        print(describe_plan(plan_batches(config)))
+        return launch_local_ranks(config.train.num_ranks, _command_line(args, out))
+    state = _train(config, out, args.resume)
+    if get_rank() == 0:
+        print(f"done: {state.step} steps, {state.cumulative_rollouts} rollouts, "
+              f"{state.num_updates} updates; metrics in {out / 'metrics.jsonl'}, "
+              f"checkpoints in {out / 'checkpoints'}")
     return 0
 
 
-def _train_rank(rank: int, num_ranks: int, init: str | None, config: Any, out: Path,
-                resume: bool) -> None:
-    from agentrl import distributed
+def _train(config: Any, out: Path, resume: bool) -> Any:
+    from agentrl.accounting import describe_plan, plan_batches
+    from agentrl.parallel import groups
     from agentrl.run import build_run
     from agentrl.trainer import train
 
-    group = distributed.init_process_group(rank, num_ranks, init) if num_ranks > 1 else None
     try:
-        run_ = build_run(config, out, resume=resume, process_group=group)
-        if resume and rank == 0:
-            print(f"resuming {out} at step {run_.state.step}")
-        state = train(run_)
+        run_ = build_run(config, out, resume=resume)
+        if run_.is_main:
+            print(describe_plan(plan_batches(config)))
+            print(f"ranks: {run_.world_size} (FSDP2 over {run_.world_size}), compute dtype "
+                  f"{str(run_.compute_dtype).removeprefix('torch.')}, fp32 master weights")
+            if resume:
+                print(f"resuming {out} at step {run_.state.step}")
+        return train(run_)
     finally:
-        distributed.destroy_process_group()
-    if rank == 0:
-        print(f"done: {state.step} steps, {state.cumulative_rollouts} rollouts, "
-              f"{state.num_updates} updates on {num_ranks} rank(s); metrics in "
-              f"{out / 'metrics.jsonl'}, checkpoints in {out / 'checkpoints'}")
+        groups.destroy_process_group()
+
+
+def _command_line(args: argparse.Namespace, out: Path) -> list[str]:
+    """This command's own arguments, for the ranks torchrun starts."""
+    line = ["train", str(args.config), "--out", str(out)]
+    for override in args.overrides:
+        line += ["--set", override]
+    return line + (["--resume"] if args.resume else [])

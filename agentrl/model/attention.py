@@ -42,6 +42,35 @@ def resolve_backend(choice: str) -> Backend:
     raise ValueError(f'model.attention = {choice!r}; expected "auto", "flash" or "torch"')
 
 
+def choose_backend(choice: str, compute_dtype: torch.dtype, device: torch.device,
+                   flash_available: bool = HAS_FLASH_ATTN) -> tuple[Backend, str]:
+    """The attention backend a run will use and a one-line reason (printed at start-up).
+
+    flash-attn whenever it is installed, the device is a GPU and the compute dtype is
+    bf16/fp16 (its kernel takes nothing else); otherwise the exact PyTorch path, and the
+    reason says which condition failed. An explicit "flash" that cannot run is an error.
+    """
+    low_precision = compute_dtype in (torch.float16, torch.bfloat16)
+    if choice == "torch":
+        return "torch", "PyTorch SDPA per row (model.attention = \"torch\")"
+    if choice not in ("auto", "flash"):
+        raise ValueError(f'model.attention = {choice!r}; expected "auto", "flash" or "torch"')
+    why_not = None
+    if not flash_available:
+        why_not = "flash-attn is not installed (pip install agentrl[gpu])"
+    elif device.type != "cuda":
+        why_not = f"the model runs on {device.type}, flash-attn needs a GPU"
+    elif not low_precision:
+        why_not = (f"the compute dtype is {str(compute_dtype).removeprefix('torch.')}; "
+                   'flash-attn needs bfloat16 (model.dtype = "bfloat16" or "auto")')
+    if why_not is None:
+        return "flash", f"flash-attn varlen ({str(compute_dtype).removeprefix('torch.')})"
+    if choice == "flash":
+        raise ValueError(f'model.attention = "flash" cannot run: {why_not}; fix that or set '
+                         'model.attention = "auto"')
+    return "torch", f"PyTorch SDPA per row, because {why_not}"
+
+
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from agentrl.model.args import args_to_hf, read_args
+from agentrl.model.args import ModelArgs, args_to_hf, read_args
 from agentrl.model.model import CausalLM
 
 LM_HEAD = "lm_head.weight"
@@ -32,10 +32,24 @@ def load_pretrained(
     args = read_args(path)
     with torch.device("meta"):
         model = CausalLM(args, attention=attention)
+    state = {k: v.to(dtype) for k, v in read_checkpoint_state(path, args).items()}
+    model.load_state_dict(state, assign=True, strict=False)
+    if args.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    # inv_freq was built on the meta device: rebuild it for real.
+    model.inv_freq = fresh_inv_freq(args)
+    return model.to(device)
+
+
+def read_checkpoint_state(path: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
+    """The folder's tensors, checked against the parameters ``args`` describes (a tied
+    model's stored ``lm_head.weight`` is dropped: the head is the embedding)."""
     state = read_safetensors(path)
     if args.tie_word_embeddings:
         state.pop(LM_HEAD, None)
-    expected = {k for k in model.state_dict() if not (args.tie_word_embeddings and k == LM_HEAD)}
+    with torch.device("meta"):
+        names = CausalLM(args, attention="torch").state_dict().keys()
+    expected = {k for k in names if not (args.tie_word_embeddings and k == LM_HEAD)}
     missing, unexpected = expected - state.keys(), state.keys() - expected
     unexpected = {k for k in unexpected if not k.endswith("rotary_emb.inv_freq")}
     if missing or unexpected:
@@ -43,21 +57,15 @@ def load_pretrained(
             f"{path}: weights do not match config.json; missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}. Is config.json from the same checkpoint?"
         )
-    state = {k: state[k].to(dtype) for k in expected}
-    model.load_state_dict(state, assign=True, strict=False)
-    if args.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    # inv_freq was built on the meta device: rebuild it for real.
-    model.inv_freq = _fresh_inv_freq(model)
-    return model.to(device)
+    return {k: state[k] for k in expected}
 
 
-def _fresh_inv_freq(model: CausalLM) -> torch.Tensor:
+def fresh_inv_freq(args: ModelArgs) -> torch.Tensor:
+    """RoPE inverse frequencies in fp32 (a buffer that is never saved, always rebuilt)."""
     from agentrl.model.rope import inverse_frequencies
 
-    c = model.config
     inv_freq, _ = inverse_frequencies(
-        c.head_dim, c.rope_theta, c.rope_scaling, c.max_position_embeddings
+        args.head_dim, args.rope_theta, args.rope_scaling, args.max_position_embeddings
     )
     return inv_freq
 
@@ -81,14 +89,21 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 def save_pretrained(model: CausalLM, path: str | Path) -> Path:
     """Write config.json and model.safetensors in HF format (transformers and vLLM load it)."""
+    dtype_name = DTYPE_NAMES.get(model.dtype, "float32")
+    return save_state_dict(model.config, model.state_dict(), path, dtype_name)
+
+
+def save_state_dict(args: ModelArgs, state: dict[str, torch.Tensor], path: str | Path,
+                    dtype_name: str = "float32") -> Path:
+    """Write a full state dict as a HF folder (config.json + model.safetensors); a tied
+    head is stored once, as HF does."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    dtype_name = DTYPE_NAMES.get(model.dtype, "float32")
-    (path / "config.json").write_text(json.dumps(args_to_hf(model.config, dtype_name), indent=2))
-    state = {
+    (path / "config.json").write_text(json.dumps(args_to_hf(args, dtype_name), indent=2))
+    tensors = {
         k: v.detach().to("cpu").contiguous()
-        for k, v in model.state_dict().items()
-        if not (model.config.tie_word_embeddings and k == LM_HEAD)
+        for k, v in state.items()
+        if not (args.tie_word_embeddings and k == LM_HEAD)
     }
-    save_file(state, path / "model.safetensors", metadata={"format": "pt"})
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     return path

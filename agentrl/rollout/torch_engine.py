@@ -100,7 +100,12 @@ class TorchEngine:
                 "sync weights between collections"
             )
         with torch.no_grad():
-            self.model.load_state_dict(state_dict, strict=True)
+            missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+        tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+        if set(missing) - tied or unexpected:
+            raise ValueError(f"update_weights: missing {sorted(set(missing) - tied)[:5]}, "
+                             f"unexpected {sorted(unexpected)[:5]}; pass the policy's "
+                             "parameters under their Hugging Face names")
 
     # ------------------------------------------------------------------ internals
 

@@ -47,7 +47,7 @@ def test_checkpoint_is_hf_folder_and_restores_optimizer_and_rng(tiny_dir, tmp_pa
     expected_draw = (torch.rand(1), random.random())
     assert path == step_dir(tmp_path, 3) == latest_checkpoint(tmp_path)
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "trainer_state.json", "optimizer.pt"} <= {p.name for p in path.iterdir()}
+            "trainer_state.json", "optimizer", "trainer.pt"} <= {p.name for p in path.iterdir()}
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".tmp")]
     assert read_state(path).cumulative_rollouts == 24
 
@@ -60,7 +60,7 @@ def test_checkpoint_is_hf_folder_and_restores_optimizer_and_rng(tiny_dir, tmp_pa
     scheduler2 = build_scheduler(optimizer2, optim)
     torch.manual_seed(0)
     random.seed(0)
-    restored = load_training_state(path, optimizer2, scheduler2)
+    restored = load_training_state(path, reloaded, optimizer2, scheduler2)
     assert restored.step == 3 and restored.sampler == {"x": [1]}
     assert (torch.rand(1), random.random()) == expected_draw
     assert optimizer2.param_groups[0]["lr"] == pytest.approx(optimizer.param_groups[0]["lr"])

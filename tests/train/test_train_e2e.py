@@ -201,12 +201,14 @@ def test_kl_to_the_initial_model_enters_the_loss(tmp_path, model_dir) -> None:
     assert all(r["loss/kl_loss"] >= 0.0 for r in with_kl)  # k3 is never negative
     # on resume the reference is still the initial model, not the checkpoint
     from agentrl.config import load_config
+    from agentrl.parallel.fsdp import full_state_dict
     from agentrl.run import build_run
 
     config = load_config(tmp_path / "kl.toml", ["loss.kl_coef=0.5"])
     resumed = build_run(config, kl_run, resume=True)
     resumed.writers.close()
     initial = _weights(model_dir)
-    for name, tensor in resumed.reference.state_dict().items():
+    for name, tensor in full_state_dict(resumed.reference).items():
         assert torch.equal(tensor, initial[name]), name
-    assert any(not torch.equal(t, initial[n]) for n, t in resumed.model.state_dict().items())
+    policy = full_state_dict(resumed.model)
+    assert any(not torch.equal(t, initial[n]) for n, t in policy.items())

@@ -1,0 +1,132 @@
+"""FSDP2 sharding of the policy: fp32 master weights and optimizer state, sharded over the
+ranks, low-precision compute, fp32 gradient reduction.
+
+``fully_shard`` wraps every decoder layer and then the root (embeddings, final norm and
+LM head; a tied head shares the embedding's shard). Each rank keeps 1/N of the fp32
+parameters, gradients and AdamW state; a layer's parameters are all-gathered in the
+compute dtype just before it runs and freed after. Gradients are reduce-scattered in
+fp32 and SUMMED (divide factor 1): the loss already divides by the whole update's token
+count over all ranks, so a sum gives each token its 1/N weight whatever the rank count.
+
+Loading never materialises the model on every rank: ranks build it on the meta device,
+shard it, and rank 0 alone reads the Hugging Face checkpoint and broadcasts each tensor
+(``broadcast_from_rank0``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from agentrl.parallel.groups import get_rank, get_world_size
+
+
+def shard_model(model: nn.Module, compute_dtype: torch.dtype | None, device: torch.device,
+                reshard_after_forward: bool = True) -> nn.Module:
+    """``fully_shard`` each decoder layer and the root over all ranks, in place.
+
+    ``compute_dtype`` None computes in the parameters' own dtype. Gradients reduce in
+    fp32 and sum over ranks.
+    """
+    mesh = init_device_mesh(device.type, (get_world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy,
+                    reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)  # sum, never average, over ranks
+            module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL)
+    return model
+
+
+def load_sharded(path: str | Path, param_dtype: torch.dtype, compute_dtype: torch.dtype,
+                 attention: str, device: torch.device) -> nn.Module:
+    """The CausalLM of a Hugging Face folder, sharded over all ranks on ``device``.
+
+    Parameters are stored in ``param_dtype`` (fp32 master weights for the policy; the
+    compute dtype for a frozen reference) and computed in ``compute_dtype``.
+    """
+    from agentrl.model import CausalLM, read_args
+    from agentrl.model.checkpoint import fresh_inv_freq, read_checkpoint_state
+
+    args = read_args(Path(path))
+    with torch.device("meta"):
+        model = CausalLM(args, attention=attention)
+    model = model.to(param_dtype)
+    shard_model(model, None if compute_dtype == param_dtype else compute_dtype, device)
+    model.to_empty(device=device)
+    if args.tie_word_embeddings:  # to_empty gives the head a tensor of its own: re-tie
+        model.lm_head.weight = model.model.embed_tokens.weight
+    state = read_checkpoint_state(Path(path), args) if get_rank() == 0 else {}
+    state = {k: v.to(param_dtype) for k, v in state.items()}
+    set_model_state_dict(model, state, options=StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=True, strict=False))
+    model.inv_freq = fresh_inv_freq(args).to(device)
+    return model
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on rank 0's CPU (collective; empty on other ranks)."""
+    return get_model_state_dict(model, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True))
+
+
+def iter_full_parameters(model: nn.Module, dtype: torch.dtype | None = None
+                         ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, whole tensor) for each parameter, gathered ONE at a time (collective: every
+    rank must iterate to the end). A tied head is yielded once, under the embedding's name.
+    """
+    for name, param in model.named_parameters():
+        tensor = param.detach()
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        yield name, tensor if dtype is None else tensor.to(dtype)
+
+
+def local_bytes(tensors: Iterator[torch.Tensor] | list[torch.Tensor]) -> int:
+    """Bytes this rank holds of ``tensors`` (a DTensor counts its local shard only)."""
+    total = 0
+    for t in tensors:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        total += local.numel() * local.element_size()
+    return total
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every tensor of the optimizer's state (AdamW: exp_avg, exp_avg_sq, step)."""
+    return [v for state in optimizer.state.values() for v in state.values()
+            if isinstance(v, torch.Tensor)]
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
+    """Clip the global gradient norm (over every rank's shards) to ``max_norm``; returns the
+    norm before clipping. ``max_norm`` 0 or less only measures it."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if isinstance(norm, DTensor):  # a partial norm of each rank's shard: reduce it
+        norm = norm.full_tensor()
+    if max_norm > 0:
+        params = [p for p in model.parameters() if p.grad is not None]
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    return float(norm)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """True when ``model`` went through :func:`shard_model`."""
+    return isinstance(model, FSDPModule)
+

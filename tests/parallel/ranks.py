@@ -1,0 +1,37 @@
+"""Spawning N local ranks for a test, each set up exactly as torchrun sets up a rank."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (for the rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    from agentrl.parallel import groups
+
+    groups.init_process_group(timeout_s=120)
+    try:
+        fn(rank, *args)
+    finally:
+        groups.destroy_process_group()
+
+
+def spawn_ranks(world: int, fn: Callable[..., Any], *args: Any) -> None:
+    """Run ``fn(rank, *args)`` in ``world`` processes joined in one gloo process group."""
+    mp.spawn(_rank_main, args=(world, free_port(), fn, args), nprocs=world, join=True)
