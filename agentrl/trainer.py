@@ -192,17 +192,22 @@ def run_updates(
 
 
 def _mismatch(run: Run, micro_batches: list[MicroBatch], scored: list[Any]) -> float:
-    """Mean |trainer − engine| log-prob over generated tokens of all ranks, before updates.
+    """Mean |trainer − engine| log-prob over generated tokens of all ranks, before updates."""
+    sums = mismatch_sums(micro_batches, scored)
+    total, count = groups.all_reduce_sum(sums, run.process_group).tolist()
+    return total / count if count else 0.0
 
-    Computed on the scores' device (the model's): the micro-batches stay on the CPU."""
+
+def mismatch_sums(micro_batches: list[MicroBatch], scored: list[Any]) -> torch.Tensor:
+    """[Σ |trainer − engine| log-prob, Σ tokens] over this rank's generated tokens, on the
+    scores' device (the model's; the micro-batches and engine log-probs stay on the CPU)."""
     device = scored[0].device if scored else None
     sums = torch.zeros(2, dtype=torch.float64, device=device)
     for mb, lp in zip(micro_batches, scored, strict=True):
         mask = mb.loss_mask.to(lp.device)
         sums[0] += ((lp - mb.engine_logprobs.to(lp.device)).abs() * mask).sum()
         sums[1] += mask.sum()
-    total, count = groups.all_reduce_sum(sums, run.process_group).tolist()
-    return total / count if count else 0.0
+    return sums
 
 
 def advance_counters(state: TrainerState, rollouts: list[Rollout], timer: PhaseTimer) -> None:
