@@ -188,7 +188,17 @@ def run_updates(
     figures["optim/grad_norm"] = float(np.mean(norms))
     figures["optim/lr"] = lrs[-1]
     figures["num_micro_batches"] = sum(len(b) for b in batches)
+    figures.update(perf_figures(run, rows))
     return stats, figures
+
+
+def perf_figures(run: Run, rows: list[Row]) -> dict[str, float]:
+    """Estimated training FLOPs of the step (all ranks; ``CostModel``: a·L + b·L² per row,
+    forward + backward) and, on a GPU, this rank's peak memory, for MFU and memory checks."""
+    out = {"perf/train_flops": float(sum(run.cost.cost(len(r.token_ids)) for r in rows))}
+    if torch.cuda.is_available():
+        out["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
 
 
 def _mismatch(run: Run, micro_batches: list[MicroBatch], scored: list[Any]) -> float:

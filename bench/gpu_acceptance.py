@@ -1,0 +1,220 @@
+"""GPU acceptance: the paths a CPU machine cannot run, checked in one short run.
+
+On whatever GPUs it finds (all of one machine), in a few minutes, it trains the quickstart
+mix with bf16 compute over fp32 master weights, flash-attn varlen, FSDP2 over every GPU
+(torchrun), two updates per collection and a KL term, once with the built-in engine and
+once with vLLM, and prints one line per check (PASS / FAIL / SKIP with the reason) plus
+tokens/s, MFU and peak memory. Exit status 0 only when no check failed.
+
+    python -m bench.gpu_acceptance              # on a GPU machine (pip install -e ".[gpu]")
+    python -m bench.gpu_acceptance --dry-run    # on a CPU: same plan and parsing, tiny run
+
+``--dry-run`` runs the same code on the CPU with what the CPU has (fp32, PyTorch attention,
+the built-in engine, 2 gloo ranks) so the script cannot rot; a test runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "quickstart.toml"
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+"""Dense bf16 tensor-core peak per GPU (TFLOP/s), by a substring of the device name;
+AGENTRL_PEAK_TFLOPS overrides it."""
+
+
+@dataclass
+class Check:
+    """One named acceptance check and its outcome."""
+
+    name: str
+    status: str = "SKIP"
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    """Every check and figure of one acceptance run."""
+
+    checks: list[Check] = field(default_factory=list)
+    figures: dict[str, str] = field(default_factory=dict)
+
+    def check(self, name: str, ok: bool, detail: str = "") -> None:
+        """Record a PASS or FAIL."""
+        self.checks.append(Check(name, "PASS" if ok else "FAIL", detail))
+
+    def skip(self, name: str, why: str) -> None:
+        """Record a check that cannot run here, and why."""
+        self.checks.append(Check(name, "SKIP", why))
+
+    def print(self) -> None:
+        """The table: one line per check, then the figures."""
+        for c in self.checks:
+            print(f"[{c.status}] {c.name}" + (f": {c.detail}" if c.detail else ""))
+        for name, value in self.figures.items():
+            print(f"  {name}: {value}")
+
+    @property
+    def failed(self) -> bool:
+        """True when any check failed."""
+        return any(c.status == "FAIL" for c in self.checks)
+
+
+@dataclass
+class Machine:
+    """What the run uses: GPUs (or the CPU in a dry run) and the settings that follow."""
+
+    dry_run: bool
+    num_gpus: int
+    gpu_name: str
+
+    @property
+    def num_ranks(self) -> int:
+        """Training ranks: every GPU; 2 gloo ranks on the CPU."""
+        return 2 if self.dry_run else self.num_gpus
+
+    def overrides(self, engine: str) -> list[str]:
+        """Config overrides of one training run with ``engine``."""
+        common = ["train.num_steps=3", "train.eval_every=3",
+                  f"train.eval_tasks_per_env={4 if self.dry_run else 64}",
+                  "train.checkpoint_every=3", "loss.kl_coef=0.01", "log.live=false",
+                  f'rollout.engine="{engine}"']
+        if self.dry_run:
+            return common + ['model.dtype="float32"', 'model.attention="torch"',
+                             "batch.rollout_batch_size=2", "batch.global_batch_size=8",
+                             "rollout.max_concurrent_rollouts=32"]
+        vllm = ['rollout.vllm_args={ gpu_memory_utilization = 0.3, enforce_eager = true }']
+        return common + ['model.dtype="bfloat16"', 'model.attention="flash"'] + (
+            vllm if engine == "vllm" else [])
+
+
+def detect(dry_run: bool) -> Machine:
+    """The GPUs of this machine (refuses to run without one unless ``dry_run``)."""
+    import torch
+
+    if dry_run:
+        return Machine(True, 0, "cpu (dry run)")
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA device found; run on a GPU machine, or pass --dry-run on a CPU")
+    return Machine(False, torch.cuda.device_count(), torch.cuda.get_device_name(0))
+
+
+def train(machine: Machine, engine: str, out: Path) -> tuple[int, str, list[dict[str, Any]]]:
+    """One torchrun training run; returns (exit status, its output, its metrics)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(machine.num_ranks), "-m", "agentrl", "train",
+               str(CONFIG), "--out", str(out)]
+    for override in machine.overrides(engine):
+        command += ["--set", override]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    log = proc.stdout + proc.stderr
+    metrics_file = out / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()
+               ] if metrics_file.exists() else []
+    return proc.returncode, log, records
+
+
+def check_training(report: Report, machine: Machine, engine: str, out: Path) -> None:
+    """Train with ``engine`` and record its checks and figures."""
+    start = time.perf_counter()
+    status, log, records = train(machine, engine, out)
+    wall = time.perf_counter() - start
+    tag = f"[{engine}]"
+    report.check(f"{tag} torchrun training over {machine.num_ranks} ranks exits 0",
+                 status == 0, f"{wall:.0f}s" if status == 0 else log[-2000:])
+    if status != 0:
+        return
+    steps = [r for r in records if r.get("step", 0) > 0 and "loss/policy_loss" in r]
+    report.check(f"{tag} FSDP2 over every rank", f"ranks: {machine.num_ranks}" in log)
+    flash = "flash-attn varlen" in log
+    report.check(f"{tag} flash-attn varlen attention", flash or machine.dry_run,
+                 "dry run: PyTorch attention" if machine.dry_run else "")
+    report.check(f"{tag} two updates per collection",
+                 records[-1].get("cumulative/updates") == 2 * len(steps))
+    report.check(f"{tag} KL term active and finite losses",
+                 any(r["loss/kl_loss"] > 0 for r in steps)
+                 and all(abs(r["loss/policy_loss"]) < 1e6 for r in steps))
+    mismatch = max(r.get("loss/mismatch_scored", 0.0) for r in steps)
+    report.check(f"{tag} engine and trainer log-probs agree", mismatch < 0.05,
+                 f"max mean |Δ log p| {mismatch:.4f}")
+    report.check(f"{tag} checkpoint written", (out / "checkpoints" / "step_3").is_dir())
+    add_figures(report, machine, engine, steps)
+
+
+def add_figures(report: Report, machine: Machine, engine: str,
+                steps: list[dict[str, Any]]) -> None:
+    """tokens/s (generation and training), MFU and peak memory of a run."""
+    sampled = sum(r["num_sampled_tokens"] for r in steps)
+    trained = sum(r["num_trainable_tokens"] for r in steps)
+    t_gen = sum(r["time/generate"] for r in steps)
+    t_train = sum(r["time/train"] for r in steps)
+    flops = sum(r.get("perf/train_flops", 0.0) for r in steps)
+    report.figures[f"{engine}: generation tokens/s"] = f"{sampled / max(t_gen, 1e-9):,.0f}"
+    report.figures[f"{engine}: training tokens/s"] = f"{trained / max(t_train, 1e-9):,.0f}"
+    peak = peak_tflops(machine)
+    if peak:
+        mfu = flops / max(t_train, 1e-9) / (peak * 1e12 * machine.num_ranks)
+        report.figures[f"{engine}: MFU (training phase)"] = f"{100 * mfu:.2f}%"
+    memory = [r["memory/peak_allocated_gib"] for r in steps if "memory/peak_allocated_gib" in r]
+    if memory:
+        report.figures[f"{engine}: peak GPU memory, rank 0"] = f"{max(memory):.2f} GiB"
+
+
+def peak_tflops(machine: Machine) -> float | None:
+    """The GPU's dense bf16 peak (TFLOP/s), or None when unknown (no MFU then)."""
+    if "AGENTRL_PEAK_TFLOPS" in os.environ:
+        return float(os.environ["AGENTRL_PEAK_TFLOPS"])
+    return next((v for k, v in PEAK_TFLOPS.items() if k in machine.gpu_name), None)
+
+
+def vllm_ready(machine: Machine) -> str | None:
+    """Why the vLLM run cannot happen here, or None."""
+    if machine.dry_run:
+        return "dry run on the CPU (the vLLM CPU path is tested by .ci/vllm)"
+    from agentrl.rollout.vllm_engine import vllm_available
+
+    return None if vllm_available() else "vllm is not installed (pip install agentrl[gpu])"
+
+
+EXTRA_CHECKS: list[Callable[[Report, Machine, Path], None]] = []
+"""Further GPU checks (memory plan, engine replicas, weight sync) registered by their
+benches; each gets the report, the machine and a scratch folder."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every check and print the report; 1 when a check failed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true",
+                        help="run the same plan on the CPU (tiny, no flash-attn, no vLLM)")
+    args = parser.parse_args(argv)
+    machine = detect(args.dry_run)
+    report = Report()
+    report.figures["machine"] = f"{machine.num_gpus} x {machine.gpu_name}"
+    with tempfile.TemporaryDirectory(prefix="agentrl-acceptance-") as scratch:
+        check_training(report, machine, "torch", Path(scratch) / "torch")
+        why = vllm_ready(machine)
+        if why is None:
+            check_training(report, machine, "vllm", Path(scratch) / "vllm")
+        else:
+            report.skip("[vllm] training with vLLM generating", why)
+        for extra in EXTRA_CHECKS:
+            extra(report, machine, Path(scratch))
+    report.print()
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
