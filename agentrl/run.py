@@ -194,13 +194,9 @@ def resolve_model_dir(config: Config, run_dir: Path) -> Path:
     """The model folder: ``model.path`` (relative to the working directory or the project),
     or a tiny built-in checkpoint built once into ``RUN_DIR/base_model``."""
     if config.model.path:
-        given = Path(config.model.path)
-        for candidate in (given, PROJECT_ROOT / given):
-            if (candidate / "config.json").exists():
-                return candidate
-        raise ValueError(f"model.path = {config.model.path!r} has no config.json (looked in "
-                         f"{given.resolve()} and {PROJECT_ROOT / given}); give a local Hugging "
-                         "Face folder, or leave model.path empty for the tiny built-in model")
+        from agentrl.preflight import locate_model_dir
+
+        return locate_model_dir(config.model.path)
     from agentrl.model import build_tiny_checkpoint
 
     tiny = run_dir / "base_model"

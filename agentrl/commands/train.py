@@ -27,13 +27,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the config, train on one or several ranks, and print where everything went."""
+    """Load the config, run the plan-time checks, train on one or several ranks, and print
+    where everything went."""
     from agentrl.accounting import describe_plan, plan_batches
     from agentrl.config import load_config
+    from agentrl.preflight import run_checks
 
     config = load_config(args.config, args.overrides)
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     print(describe_plan(plan_batches(config)))
+    for line in run_checks(config):  # refuses before anything is spawned or loaded
+        print(line)
     num_ranks = config.train.num_ranks
     if num_ranks > 1:
         import torch.multiprocessing as mp

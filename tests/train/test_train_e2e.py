@@ -151,8 +151,10 @@ def test_resume_2_plus_2_equals_4(tmp_path, model_dir, four_steps) -> None:
 
 
 def test_micro_batch_budget_does_not_change_the_update(tmp_path, model_dir) -> None:
-    small = _train(tmp_path, model_dir, "small", steps=1, budget=800)
-    large = _train(tmp_path, model_dir, "large", steps=1, budget=8192)
+    # a budget holds the longest possible row (plan refuses less): 780 + 10 new tokens
+    context = ["compaction.max_context_tokens=780"]
+    small = _train(tmp_path, model_dir, "small", steps=1, budget=800, overrides=context)
+    large = _train(tmp_path, model_dir, "large", steps=1, budget=8192, overrides=context)
     assert _metrics(small)[0]["num_micro_batches"] > _metrics(large)[0]["num_micro_batches"]
     a, b = _weights(small / "checkpoints" / "step_1"), _weights(large / "checkpoints" /
                                                                "step_1")
