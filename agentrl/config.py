@@ -201,6 +201,13 @@ class TrainConfig(_Section):
     num_ranks: PositiveInt = 1
     """Data-parallel ranks: `agentrl train` spawns one process per rank; rank 0 generates
     and broadcasts the rollouts, every rank trains on its share of the rows; >= 1."""
+    deterministic: bool = False
+    """Results that do not depend on batching or timing, so a resume is bit-exact: the
+    torch engine decodes batch-invariantly (every slot, whole span, every step) and a
+    collection keeps groups in launch order. Needs rollout.engine = "torch"; slower
+    decoding (bench/batch_invariance.py). Off: a resume loses no rollout and trains none
+    twice, counters and metrics continue exactly, and the weights continue from the
+    checkpoint, but the samples after it may differ in the last bits (docs/resume.md)."""
 
 
 class LogConfig(_Section):
@@ -336,6 +343,7 @@ def validate(config: Config) -> None:
     check_ranges(msgspec.to_builtins(config), Config)  # also for Configs built in Python
     check_loss(config.loss)
     check_environments(config)
+    check_deterministic(config)
     from agentrl.accounting import plan_batches
 
     plan_batches(config)  # raises ConfigError when the batch knobs do not divide
@@ -356,6 +364,15 @@ def check_loss(loss: LossConfig) -> None:
         "is not a known aggregation"
     )
     raise ConfigError(f'loss.aggregation = "{loss.aggregation}" {kind}; {why}')
+
+
+def check_deterministic(config: Config) -> None:
+    """Batch-invariant generation is the built-in engine's; vLLM's is not wired in."""
+    if config.train.deterministic and config.rollout.engine != "torch":
+        raise ConfigError(
+            f'train.deterministic = true needs rollout.engine = "torch" (batch-invariant '
+            f'decoding), not "{config.rollout.engine}"; set train.deterministic = false (a '
+            "resume then loses no rollout, but samples may differ in the last bits)")
 
 
 def check_environments(config: Config) -> None:

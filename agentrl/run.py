@@ -222,7 +222,8 @@ def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path) ->
     from agentrl.rollout.torch_engine import TorchEngine
 
     return TorchEngine(model, tokenizer, max_batch_size=rollout.max_concurrent_rollouts,
-                       max_len=max_len, seed=config.train.seed)
+                       max_len=max_len, seed=config.train.seed,
+                       batch_invariant=config.train.deterministic)
 
 
 def build_runner(config: Config, engine: Any, tokenizer: Any,

@@ -124,3 +124,10 @@ def test_zero_counts_are_refused(setting, value):
     with pytest.raises(ConfigError, match=f"{section}.{key} = {value} is out of range: it must "
                        "be an integer >= 1"):
         make(**{section: {key: value}})
+
+
+def test_deterministic_mode_needs_the_torch_engine():
+    assert make(train={"deterministic": True}).train.deterministic
+    with pytest.raises(ConfigError, match='train.deterministic = true needs rollout.engine = '
+                       '"torch"'):
+        make(train={"deterministic": True}, rollout={"engine": "vllm"})

@@ -23,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run folder for metrics.jsonl and checkpoints "
                              "(default: runs/<config name>)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue from the newest checkpoint in --out, exactly")
+                        help="continue from the newest checkpoint in --out: no rollout "
+                             "lost or trained twice; bit-exact with train.deterministic "
+                             "(docs/resume.md)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,6 +40,11 @@ def run(args: argparse.Namespace) -> int:
     print(describe_plan(plan_batches(config)))
     for line in run_checks(config):  # refuses before anything is spawned or loaded
         print(line)
+    if args.resume:
+        from agentrl.checkpoint import remove_stale_temp_folders
+
+        for stale in remove_stale_temp_folders(out):
+            print(f"removed {stale}: a partial checkpoint left by a killed run")
     num_ranks = config.train.num_ranks
     if num_ranks > 1:
         import torch.multiprocessing as mp
