@@ -31,8 +31,6 @@ from agentrl.ranges import (
     fix,
 )
 
-__all__ = ["Config", "ConfigError", "config_from_dict", "load_config"]
-
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Base of every config section: unknown keys are refused."""
@@ -40,7 +38,8 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class ModelConfig(_Section):
     path: str = ""
-    """Local Hugging Face folder (config.json, *.safetensors, tokenizer.json). Nothing is
+    """Local Hugging Face folder (config.json, *.safetensors, tokenizer.json), as given or
+    relative to the project; `agentrl plan` checks it holds all three. Nothing is
     downloaded. Empty: the trainer builds or reuses the tiny built-in checkpoint."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter dtype for training and the torch engine."""
