@@ -15,7 +15,8 @@ shard; rank 0 writes the rest. Several machines therefore need the run folder on
 filesystem to checkpoint and resume. A checkpoint is written into a temporary folder next
 to its final place and renamed once complete, so a run killed mid-write leaves the
 previous checkpoints intact and at most a ``.tmp-*`` folder, which
-:func:`latest_checkpoint` ignores.
+:func:`latest_checkpoint` ignores and
+:func:`remove_stale_temp_folders` deletes when the run is resumed.
 """
 
 from __future__ import annotations
@@ -170,6 +171,16 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
         if name.startswith("step_") and name[5:].isdigit() and (path / STATE_FILE).exists():
             found.append((int(name[5:]), path))
     return sorted(found)
+
+
+def remove_stale_temp_folders(run_dir: str | Path) -> list[Path]:
+    """Delete the ``.tmp-step_*`` folders killed runs left in ``RUN_DIR/checkpoints`` and
+    return them. Call it only while nothing writes checkpoints into this run (start-up)."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    stale = sorted(root.glob(".tmp-step_*")) if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

@@ -46,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # one line per problem, no traceback
+        for line in str(exc).splitlines():
+            print(f"error: {line}", file=sys.stderr)
         return 2
 
 

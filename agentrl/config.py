@@ -1,7 +1,10 @@
 """Run configuration: nested msgspec Structs, TOML loading, ``--set`` overrides, validation.
 
-Every field says its unit. Counts of the batch are in *rollouts* (responses) or
-*groups*, never rows: a rollout that was compacted into several rows still counts once.
+Every field says its unit and its range. Counts of the batch are in *rollouts*
+(responses) or *groups*, never rows: a rollout that was compacted into several rows
+still counts once. Ranges are part of the field types (``agentrl.ranges``: e.g.
+``Probability`` is (0, 1]); every float must also be finite. A value outside its range
+is refused at load time in one line naming the setting, the value, the range and the fix.
 """
 
 from __future__ import annotations
@@ -11,13 +14,22 @@ import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message names the setting and the fix."""
+from agentrl.ranges import (
+    ConfigError,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Probability,
+    UnitInterval,
+    check_ranges,
+    fix,
+)
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -26,7 +38,8 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class ModelConfig(_Section):
     path: str = ""
-    """Local Hugging Face folder (config.json, *.safetensors, tokenizer.json). Nothing is
+    """Local Hugging Face folder (config.json, *.safetensors, tokenizer.json), as given or
+    relative to the project; `agentrl plan` checks it holds all three. Nothing is
     downloaded. Empty: the trainer builds or reuses the tiny built-in checkpoint."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """COMPUTE dtype of training forwards/backwards and of the engines. Master weights,
@@ -38,16 +51,17 @@ class ModelConfig(_Section):
 
 
 class BatchConfig(_Section):
-    rollout_batch_size: int = 8
-    """Groups (prompts) per collection."""
-    n_samples_per_prompt: int = 4
-    """Rollouts per group, for environments that do not set their own group_size."""
-    global_batch_size: int = 32
-    """Rollouts per optimizer update (never rows: compaction does not change it)."""
-    num_steps_per_rollout: int | None = None
-    """Optimizer updates per collection. Derived when absent; checked when given."""
-    max_tokens_per_microbatch: int = 4096
-    """Token budget of one packed micro-batch. Changes memory and speed, never the gradient."""
+    rollout_batch_size: PositiveInt = 8
+    """Groups (prompts) per collection; >= 1."""
+    n_samples_per_prompt: PositiveInt = 4
+    """Rollouts per group, for environments that do not set their own group_size; >= 1."""
+    global_batch_size: PositiveInt = 32
+    """Rollouts per optimizer update (never rows: compaction does not change it); >= 1."""
+    num_steps_per_rollout: PositiveInt | None = None
+    """Optimizer updates per collection; >= 1. Derived when absent; checked when given."""
+    max_tokens_per_microbatch: PositiveInt = 4096
+    """Token budget of one packed micro-batch; >= 1, and `agentrl plan` refuses a budget
+    below the longest possible row. Changes memory and speed, never the gradient."""
 
 
 SEQUENCE_LEVEL_AGGREGATIONS = (
@@ -64,14 +78,15 @@ SEQUENCE_LEVEL_AGGREGATIONS = (
 class LossConfig(_Section):
     aggregation: str = "token"
     """Only "token": every generated token weighs 1 / (generated tokens in the update)."""
-    clip_eps_low: float = 0.2
-    """Lower clip of the policy ratio: ratios below 1 - clip_eps_low are clipped."""
-    clip_eps_high: float = 0.28
-    """Upper clip (DAPO's clip-higher): ratios above 1 + clip_eps_high are clipped."""
-    kl_coef: float = 0.0
-    """Weight of the k3 KL estimate to the reference (initial) model; 0 disables it."""
-    tis_cap: float | None = 2.0
-    """Cap of the truncated importance weight trainer/engine probability; None disables."""
+    clip_eps_low: UnitInterval = 0.2
+    """Lower clip of the policy ratio: ratios below 1 - clip_eps_low are clipped; [0, 1)."""
+    clip_eps_high: UnitInterval = 0.28
+    """Upper clip (DAPO's clip-higher): ratios above 1 + clip_eps_high are clipped; [0, 1)."""
+    kl_coef: Annotated[NonNegativeFloat, fix("use 0 to disable the KL term")] = 0.0
+    """Weight of the k3 KL estimate to the reference (initial) model; >= 0, 0 disables it."""
+    tis_cap: Annotated[float, Meta(ge=1)] | None = 2.0
+    """Cap of the truncated importance weight trainer/engine probability (a ratio); >= 1
+    (a cap below 1 would shrink every token's weight); None disables."""
     old_logprobs: Literal["score", "engine"] = "score"
     """The ratio's old policy. "score": when a collection has several updates, a trainer
     scoring pass before the first one (the engine's log-probs when it has one);
@@ -88,64 +103,79 @@ class AdvantageConfig(_Section):
 
 
 class OptimConfig(_Section):
-    lr: float = 1e-5
-    """Peak AdamW learning rate."""
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 0
-    """Optimizer updates of linear warm-up from 0 to lr."""
-    max_grad_norm: float = 1.0
-    """Global gradient-norm clip; 0 disables it."""
+    lr: PositiveFloat = 1e-5
+    """Peak AdamW learning rate (per optimizer update); a finite number > 0."""
+    weight_decay: NonNegativeFloat = 0.0
+    """AdamW decoupled weight decay (fraction of lr per update); >= 0."""
+    betas: tuple[UnitInterval, UnitInterval] = (0.9, 0.999)
+    """AdamW moment decay rates (per update); each in [0, 1)."""
+    warmup_steps: NonNegativeInt = 0
+    """Optimizer updates of linear warm-up from 0 to lr; >= 0."""
+    max_grad_norm: Annotated[NonNegativeFloat, fix("use 0 to disable clipping")] = 1.0
+    """Global gradient-norm clip (L2 norm); >= 0, 0 disables it."""
 
 
 class RolloutConfig(_Section):
     engine: Literal["torch", "vllm"] = "torch"
     """Inference engine: the built-in PyTorch engine (CPU) or vLLM (GPU, extra `gpu`)."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 256
-    """Generated tokens per turn."""
-    max_turns: int = 8
-    """Model turns per rollout."""
-    max_rollout_tokens: int = 4096
-    """Generated tokens per rollout, over all turns and segments."""
-    step_timeout_s: float = 30.0
-    """Seconds one env.step may take before the rollout is marked invalid."""
-    rollout_timeout_s: float = 600.0
-    """Seconds one whole rollout may take."""
-    max_concurrent_rollouts: int = 64
+    temperature: Annotated[NonNegativeFloat, fix("use 0 for greedy decoding")] = 1.0
+    """Sampling temperature (logits are divided by it); >= 0, 0 is greedy."""
+    top_p: Annotated[Probability, fix("use 1.0 to sample from the whole distribution")] = 1.0
+    """Nucleus sampling: draw from the smallest set of tokens holding this probability
+    mass; (0, 1], 1.0 keeps every token."""
+    max_new_tokens: PositiveInt = 256
+    """Generated tokens per turn; >= 1, and below the model's max_position_embeddings."""
+    max_turns: PositiveInt = 8
+    """Model turns per rollout; >= 1."""
+    max_rollout_tokens: PositiveInt = 2048
+    """Generated tokens per rollout, over all turns and segments; >= 1. Without
+    compaction a rollout is one row, so prompt + this must fit the model's positions."""
+    step_timeout_s: Annotated[PositiveFloat, fix("give a number of seconds > 0")] = 30.0
+    """Seconds one env.step may take before the rollout is marked invalid; > 0."""
+    rollout_timeout_s: Annotated[PositiveFloat, fix("give a number of seconds > 0")] = 600.0
+    """Seconds one whole rollout may take; > 0."""
+    max_concurrent_rollouts: PositiveInt = 64
+    """Rollouts in flight at once (the torch engine's batch slots); >= 1."""
     vllm_args: dict[str, Any] = {}
     """engine = "vllm": keyword arguments for ``VLLMEngine.from_pretrained`` and vLLM's
     engine args, e.g. ``{ gpu_memory_utilization = 0.5 }`` (the default: the trainer
     shares the GPU), ``enforce_eager``, ``kv_cache_memory_bytes``."""
     filter_uniform_groups: bool = False
     """Dynamic sampling: drop groups whose rewards are all equal and collect more."""
-    max_extra_collections: int = 4
+    max_extra_collections: NonNegativeInt = 4
     """With filter_uniform_groups: extra collection rounds before falling back to
-    training on what was kept (with a warning)."""
+    training on what was kept (with a warning); >= 0."""
 
 
 class CompactionConfig(_Section):
     strategy: Literal["none", "drop_oldest", "summarize"] = "none"
-    max_context_tokens: int = 2048
-    """Context tokens (prompt + history) a turn may start from before compaction."""
-    keep_last_turns: int = 2
-    """drop_oldest: turns kept after the system and task messages."""
-    max_compactions: int = 4
-    """Compactions per rollout; past it the rollout ends as truncated."""
-    summary_max_tokens: int = 128
-    """summarize: generated tokens for the summary."""
+    """What happens when a turn's context would pass max_context_tokens: "none" (the
+    rollout is one row), "drop_oldest" turns, or a policy-written "summarize"."""
+    max_context_tokens: PositiveInt = 2048
+    """Context tokens (prompt + history) a turn may start from before compaction; >= 1,
+    and max_context_tokens + rollout.max_new_tokens must fit the model's positions."""
+    keep_last_turns: NonNegativeInt = 2
+    """drop_oldest / summarize: turns kept after the system and task messages; >= 0."""
+    max_compactions: NonNegativeInt = 4
+    """Compactions per rollout; >= 0; past it the rollout ends as truncated."""
+    summary_max_tokens: PositiveInt = 128
+    """summarize: generated tokens for the summary; >= 1."""
 
 
 class EnvironmentConfig(_Section):
     id: str
-    """A registered id ("agentrl/Countdown-v0") or "package.module:ClassName"."""
-    weight: float = 1.0
-    """Sampling weight: this environment's share of each collection's groups."""
-    group_size: int | None = None
-    """Rollouts per group for this environment; defaults to batch.n_samples_per_prompt."""
-    reward_scale: float = 1.0
-    """Multiplies this environment's rewards before advantages."""
+    """A registered id ("agentrl/Countdown-v0") or "package.module:ClassName"; `agentrl
+    plan` builds it once to check the id, its kwargs and its data files."""
+    weight: Annotated[PositiveFloat, fix("give a relative weight such as 1.0; to leave "
+                                         "an environment out, remove it")] = 1.0
+    """Sampling weight (relative): this environment's share of each collection's groups;
+    a finite number > 0."""
+    group_size: PositiveInt | None = None
+    """Rollouts per group for this environment; >= 1; defaults to
+    batch.n_samples_per_prompt."""
+    reward_scale: PositiveFloat = 1.0
+    """Multiplies this environment's rewards before advantages; a finite number > 0 (0
+    would erase the reward, a negative scale invert it)."""
     kwargs: dict[str, Any] = {}
     """Keyword arguments for the environment's constructor."""
     name: str = ""
@@ -159,26 +189,36 @@ class EnvironmentConfig(_Section):
 
 
 class TrainConfig(_Section):
-    num_steps: int = 10
-    """Training steps; one step is one collection and its num_steps_per_rollout updates."""
-    seed: int = 0
-    checkpoint_every: int = 0
-    """Steps between checkpoints; 0: only at the end."""
-    eval_every: int = 0
-    """Steps between validations on held-out tasks; 0 disables them."""
-    eval_tasks_per_env: int = 16
-    """Held-out tasks per environment in each validation."""
-    num_ranks: int = 1
-    """Data-parallel ranks on THIS machine, a shortcut for `torchrun --standalone
+    num_steps: PositiveInt = 10
+    """Training steps; one step is one collection and its num_steps_per_rollout updates;
+    >= 1."""
+    seed: Annotated[int, Meta(ge=0, lt=2**32)] = 0
+    """Seed of every random generator (python, numpy, torch, the sampler, the engine);
+    in [0, 2**32)."""
+    checkpoint_every: Annotated[NonNegativeInt, fix("use 0 to checkpoint only at the end")] = 0
+    """Steps between checkpoints; >= 0, 0: only at the end."""
+    eval_every: Annotated[NonNegativeInt, fix("use 0 to disable validation")] = 0
+    """Steps between validations on held-out tasks; >= 0, 0 disables them."""
+    eval_tasks_per_env: PositiveInt = 16
+    """Held-out tasks per environment in each validation; >= 1."""
+    num_ranks: PositiveInt = 1
+    """Data-parallel ranks on THIS machine, >= 1: a shortcut for `torchrun --standalone
     --nproc-per-node num_ranks -m agentrl train ...` (the same code path). Under torchrun
     (one or many machines) torchrun's process count decides and this must stay 1 or equal
     it. Rank 0 generates and broadcasts the rollouts; every rank trains on its share."""
-    collective_timeout_s: float | None = None
+    deterministic: bool = False
+    """Results that do not depend on batching or timing, so a resume is bit-exact: the
+    torch engine decodes batch-invariantly (every slot, whole span, every step) and a
+    collection keeps groups in launch order. Needs rollout.engine = "torch"; slower
+    decoding (bench/batch_invariance.py). Off: a resume loses no rollout and trains none
+    twice, counters and metrics continue exactly, and the weights continue from the
+    checkpoint, but the samples after it may differ in the last bits (docs/resume.md)."""
+    collective_timeout_s: PositiveFloat | None = None
     """Seconds any collective (all-reduce, all-gather, broadcast) may take before the job
     fails. None: derived above the rollout and validation budgets (see
     ``agentrl.parallel.timeouts``). Ranks never sit in a collective while rank 0 generates,
     validates or checkpoints; they wait with ``wait_for_rank0_timeout_s``."""
-    wait_for_rank0_timeout_s: float | None = None
+    wait_for_rank0_timeout_s: PositiveFloat | None = None
     """Seconds ranks 1..N wait (outside any collective) for rank 0 to finish a collection,
     a validation or a checkpoint. None: derived from the rollout and validation budgets."""
 
@@ -187,6 +227,7 @@ class LogConfig(_Section):
     live: bool = True
     """Live terminal display during training."""
     tensorboard: bool = False
+    """Also write TensorBoard event files into the run folder."""
 
 
 class Config(_Section):
@@ -226,6 +267,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:
     """Decode a plain dict into a validated Config."""
     check_unknown_keys(raw, Config, "")
+    check_ranges(raw, Config)  # before msgspec, whose own range message names no fix
     try:
         config = msgspec.convert(raw, Config, strict=False)
     except msgspec.ValidationError as exc:
@@ -306,10 +348,15 @@ def _struct_inside(annotation: Any) -> type | None:
 
 
 def validate(config: Config) -> None:
-    """Refuse a configuration that cannot run, before anything is launched."""
+    """Refuse a configuration that cannot run, before anything is launched.
+
+    Checks what the config alone decides; what needs the environments or the model
+    folder is checked by ``agentrl.preflight`` (run by `agentrl plan` and `train`).
+    """
+    check_ranges(msgspec.to_builtins(config), Config)  # also for Configs built in Python
     check_loss(config.loss)
     check_environments(config)
-    check_positive(config)
+    check_deterministic(config)
     from agentrl.accounting import plan_batches
 
     plan_batches(config)  # raises ConfigError when the batch knobs do not divide
@@ -332,34 +379,21 @@ def check_loss(loss: LossConfig) -> None:
     raise ConfigError(f'loss.aggregation = "{loss.aggregation}" {kind}; {why}')
 
 
-def check_positive(config: Config) -> None:
-    """Counts and budgets that must be at least 1 (0 would silently do nothing)."""
-    for section, name in (("train", "num_steps"), ("train", "num_ranks"),
-                          ("rollout", "max_new_tokens"), ("rollout", "max_turns"),
-                          ("rollout", "max_rollout_tokens"),
-                          ("rollout", "max_concurrent_rollouts"),
-                          ("compaction", "max_context_tokens")):
-        value = getattr(getattr(config, section), name)
-        if value < 1:
-            raise ConfigError(f"{section}.{name} is {value}; it must be >= 1")
-    if not config.rollout.temperature >= 0:
-        raise ConfigError(f"rollout.temperature is {config.rollout.temperature}; use 0 "
-                          "(greedy) or a positive temperature")
+def check_deterministic(config: Config) -> None:
+    """Batch-invariant generation is the built-in engine's; vLLM's is not wired in."""
+    if config.train.deterministic and config.rollout.engine != "torch":
+        raise ConfigError(
+            f'train.deterministic = true needs rollout.engine = "torch" (batch-invariant '
+            f'decoding), not "{config.rollout.engine}"; set train.deterministic = false (a '
+            "resume then loses no rollout, but samples may differ in the last bits)")
 
 
 def check_environments(config: Config) -> None:
-    """Each environment needs a positive weight and group size, and a unique name."""
+    """At least one environment, and a unique name for each (weights: see the ranges)."""
     if not config.environments:
         raise ConfigError("no [[environments]] given; add at least one with an id")
     names: set[str] = set()
     for env in config.environments:
-        if not env.weight > 0:
-            raise ConfigError(
-                f"environment {env.id!r} has weight {env.weight}; weights must be > 0 "
-                "(remove the environment instead of giving it weight 0)"
-            )
-        if config.group_size(env) < 1:
-            raise ConfigError(f"environment {env.id!r} has group_size {env.group_size}; need >= 1")
         name = env.display_name()
         if name in names:
             raise ConfigError(f"two environments are named {name!r}; set a distinct `name`")

@@ -8,6 +8,7 @@ methods (``astep``, ``tool_schemas``) that wrappers do not forward.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -48,9 +49,12 @@ def resolve(id_or_path: str) -> type[AgentEnv] | str:
     if id_or_path in gymnasium.registry:
         return id_or_path
     if ":" not in id_or_path:
+        close = difflib.get_close_matches(id_or_path, registered_ids(), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
         raise ValueError(
-            f"unknown environment {id_or_path!r}; registered: {', '.join(registered_ids())}; "
-            "or give an import path like 'package.module:ClassName'"
+            f"unknown environment {id_or_path!r}; {hint}registered: "
+            f"{', '.join(registered_ids())}; or give an import path like "
+            "'package.module:ClassName'"
         )
     module_name, _, class_name = id_or_path.rpartition(":")
     module = _import(module_name, id_or_path)

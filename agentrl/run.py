@@ -82,15 +82,10 @@ class Run:
         return self.rank == 0
 
     def on_main(self, tag: str, work: Any) -> Any:
-        """Run ``work()`` on rank 0 alone while the other ranks wait OUTSIDE any collective
-        (their own long timeout); returns rank 0's result on rank 0, None elsewhere."""
-        result = None
-        if self.is_main:
-            result = work()
-            groups.signal_main_done(tag, self.process_group)
-        else:
-            groups.wait_for_main(tag, self.timeouts.wait_for_rank0_s, self.process_group)
-        return result
+        """Run ``work()`` on rank 0 alone while the other ranks wait outside any collective
+        (see ``groups.run_on_main``)."""
+        return groups.run_on_main(tag, work, self.timeouts.wait_for_rank0_s,
+                                  self.process_group)
 
     def collect(self, step: int) -> Any:
         """One collection of the plan's rollouts on rank 0, shared with every rank."""
@@ -150,24 +145,25 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
     group = groups.init_process_group(limits.collective_s)
     is_main = groups.get_rank(group) == 0
     run_dir = Path(run_dir)
-    checkpoint = groups.broadcast_object(
-        latest_checkpoint(run_dir) if resume and is_main else None, group)
-    if resume and checkpoint is None:
-        raise ValueError(f"--resume: {run_dir} holds no complete checkpoint; drop --resume "
-                         "to start a new run there")
-    if is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(config.train.seed)
     device = groups.local_device()
     compute = compute_dtype(config.model.dtype, device)
     attention = announce_attention(config.model.attention, compute, device, is_main)
-    initial_dir = groups.broadcast_object(
-        resolve_model_dir(config, run_dir) if is_main else None, group)
-    model_dir = Path(checkpoint or initial_dir)
-    model = load_sharded(model_dir, torch.float32, compute, attention, device)
+    # rank 0 alone finds (or builds) the model folder and reads the weights, while the
+    # other ranks wait outside any collective; then every rank takes its shards
+    found = groups.run_on_main("setup/model", lambda: _model_folders(config, run_dir, resume),
+                               limits.wait_for_rank0_s, group)
+    initial_dir, model_dir, checkpoint = groups.broadcast_object(
+        found[:3] if is_main else None, group)
+    state_dict = found[3] if is_main else {}
+    model = load_sharded(model_dir, state_dict, torch.float32, compute, attention, device)
+    del state_dict
     reference = None
     if config.loss.kl_coef != 0.0:  # the initial policy, also when resuming
-        reference = load_sharded(initial_dir, compute, compute, attention, device)
+        initial = groups.run_on_main("setup/reference", lambda: read_model_state(initial_dir),
+                                     limits.wait_for_rank0_s, group)
+        reference = load_sharded(initial_dir, initial or {}, compute, compute, attention,
+                                 device)
         reference.requires_grad_(False)
     optimizer = build_optimizer(model, config.optim)
     scheduler = build_scheduler(optimizer, config.optim)
@@ -198,6 +194,28 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
                optimizer=optimizer, scheduler=scheduler, writers=writers, state=state,
                plan=plan_batches(config), cost=cost, timeouts=limits, compute_dtype=compute,
                process_group=group, reference=reference)
+
+
+def _model_folders(config: Config, run_dir: Path, resume: bool
+                   ) -> tuple[Path, Path, Path | None, dict[str, torch.Tensor]]:
+    """Rank 0: (initial model folder, folder to load, checkpoint or None, its weights)."""
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if resume and checkpoint is None:
+        raise ValueError(f"--resume: {run_dir} holds no complete checkpoint; drop --resume "
+                         "to start a new run there")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    initial_dir = resolve_model_dir(config, run_dir)
+    model_dir = Path(checkpoint or initial_dir)
+    return initial_dir, model_dir, checkpoint, read_model_state(model_dir)
+
+
+def read_model_state(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The checked weights of a Hugging Face folder, in fp32, on this CPU."""
+    from agentrl.model import read_args
+    from agentrl.model.checkpoint import read_checkpoint_state
+
+    state = read_checkpoint_state(model_dir, read_args(model_dir))
+    return {k: v.float() for k, v in state.items()}
 
 
 def compute_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -239,13 +257,9 @@ def resolve_model_dir(config: Config, run_dir: Path) -> Path:
     """The model folder: ``model.path`` (relative to the working directory or the project),
     or a tiny built-in checkpoint built once into ``RUN_DIR/base_model``."""
     if config.model.path:
-        given = Path(config.model.path)
-        for candidate in (given, PROJECT_ROOT / given):
-            if (candidate / "config.json").exists():
-                return candidate
-        raise ValueError(f"model.path = {config.model.path!r} has no config.json (looked in "
-                         f"{given.resolve()} and {PROJECT_ROOT / given}); give a local Hugging "
-                         "Face folder, or leave model.path empty for the tiny built-in model")
+        from agentrl.preflight import locate_model_dir
+
+        return locate_model_dir(config.model.path)
     from agentrl.model import build_tiny_checkpoint
 
     tiny = run_dir / "base_model"
@@ -275,7 +289,8 @@ def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path) ->
     from agentrl.rollout.torch_engine import TorchEngine
 
     return TorchEngine(model, tokenizer, max_batch_size=rollout.max_concurrent_rollouts,
-                       max_len=max_len, seed=config.train.seed)
+                       max_len=max_len, seed=config.train.seed,
+                       batch_invariant=config.train.deterministic)
 
 
 def build_runner(config: Config, engine: Any, tokenizer: Any,

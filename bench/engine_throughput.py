@@ -35,6 +35,13 @@ async def engine_generate(engine, prompts, params):
     return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
 
 
+def tiny_model(hidden: int) -> torch.nn.Module:
+    """A tiny checkpoint of the given width, built in a temp folder, in eval mode."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_tiny_checkpoint(Path(tmp) / "m", hidden_size=hidden, vocab_size=400)
+        return load_pretrained(path, attention="torch").eval()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=8)
@@ -43,9 +50,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_checkpoint(Path(tmp) / "m", hidden_size=args.hidden, vocab_size=400)
-        model = load_pretrained(path, attention="torch").eval()
+    model = tiny_model(args.hidden)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 390, (args.prompt_len,), generator=gen).tolist()
                for _ in range(args.prompts)]

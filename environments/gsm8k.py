@@ -35,7 +35,9 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
     """Read question/answer records from JSONL or Parquet."""
     path = Path(path)
     if not path.exists():
-        raise ValueError(f"gsm8k: data file {path} does not exist; pass path=<local .jsonl>")
+        looked = "" if path.is_absolute() else f" (looked at {path.resolve()})"
+        raise ValueError(f"gsm8k: data file {path} does not exist{looked}; "
+                         "pass path=<local .jsonl or .parquet>")
     if path.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq

@@ -86,7 +86,8 @@ def test_unknown_keys_name_the_closest_valid_one():
 def test_wrong_types_and_bad_weights():
     with pytest.raises(ConfigError, match="Expected `int`"):
         make({"global_batch_size": "many"})
-    with pytest.raises(ConfigError, match="weight 0.0; weights must be > 0"):
+    with pytest.raises(ConfigError, match=r"environments\[0\].weight = 0.0 is out of range: it "
+                       "must be a finite number > 0"):
         config_from_dict({"environments": [{"id": "x", "weight": 0.0}]})
     with pytest.raises(ConfigError, match="no \\[\\[environments\\]\\]"):
         config_from_dict({"environments": []})
@@ -120,5 +121,13 @@ def test_describe_plan_mentions_every_environment():
                                                 ("rollout.max_turns", 0)])
 def test_zero_counts_are_refused(setting, value):
     section, key = setting.split(".")
-    with pytest.raises(ConfigError, match=f"{section}.{key} is {value}; it must be >= 1"):
+    with pytest.raises(ConfigError, match=f"{section}.{key} = {value} is out of range: it must "
+                       "be an integer >= 1"):
         make(**{section: {key: value}})
+
+
+def test_deterministic_mode_needs_the_torch_engine():
+    assert make(train={"deterministic": True}).train.deterministic
+    with pytest.raises(ConfigError, match='train.deterministic = true needs rollout.engine = '
+                       '"torch"'):
+        make(train={"deterministic": True}, rollout={"engine": "vllm"})

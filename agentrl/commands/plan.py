@@ -1,10 +1,12 @@
-"""``agentrl plan CONFIG``: print the batch accounting, or why the config cannot run."""
+"""``agentrl plan CONFIG``: print the batch accounting and the plan-time checks, or why the
+config cannot run (exit status 2, one line per problem)."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "Print how a config's batch knobs turn collections into optimizer updates."
+HELP = ("Print how a config's batch knobs turn collections into optimizer updates, and "
+        "check its environments, model folder, positions and micro-batch budget.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,11 +17,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load and validate the config, then print the plan."""
+    """Load and validate the config, print the plan, then run the plan-time checks."""
     from agentrl.accounting import describe_plan, plan_batches
     from agentrl.config import load_config
+    from agentrl.preflight import run_checks
 
     config = load_config(args.config, args.overrides)
     print(f"{args.config}: valid")
     print(describe_plan(plan_batches(config)))
+    print("checks:")
+    for line in run_checks(config):
+        print(f"  {line}")
     return 0

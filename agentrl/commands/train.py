@@ -23,11 +23,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run folder for metrics.jsonl and checkpoints "
                              "(default: runs/<config name>)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue from the newest checkpoint in --out, exactly")
+                        help="continue from the newest checkpoint in --out: no rollout "
+                             "lost or trained twice; bit-exact with train.deterministic "
+                             "(docs/resume.md)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the config, then train here or start the local ranks that will."""
+    """Load the config, run the plan-time checks, then train here or start the local ranks
+    that will."""
     from agentrl.accounting import describe_plan, plan_batches
     from agentrl.config import load_config
     from agentrl.parallel.groups import get_rank
@@ -38,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     if needs_local_launch(config):
         print(describe_plan(plan_batches(config)))
+        _preflight(config, out, args.resume)
         return launch_local_ranks(config.train.num_ranks, _command_line(args, out))
     state = _train(config, out, args.resume)
     if get_rank() == 0:
@@ -47,13 +51,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _preflight(config: Any, out: Path, resume: bool) -> None:
+    """The plan-time checks (refuse before anything is spawned or loaded) and, on resume,
+    removal of partial checkpoints left by a killed run."""
+    from agentrl.preflight import run_checks
+
+    for line in run_checks(config):
+        print(line)
+    if resume:
+        from agentrl.checkpoint import remove_stale_temp_folders
+
+        for stale in remove_stale_temp_folders(out):
+            print(f"removed {stale}: a partial checkpoint left by a killed run")
+
+
 def _train(config: Any, out: Path, resume: bool) -> Any:
     from agentrl.accounting import describe_plan, plan_batches
     from agentrl.parallel import groups
+    from agentrl.parallel.timeouts import timeouts
     from agentrl.run import build_run
     from agentrl.trainer import train
 
     try:
+        limits = timeouts(config)
+        groups.init_process_group(limits.collective_s)
+        # rank 0 checks while the others wait outside any collective
+        groups.run_on_main("preflight", lambda: _preflight(config, out, resume),
+                           limits.wait_for_rank0_s)
         run_ = build_run(config, out, resume=resume)
         if run_.is_main:
             print(describe_plan(plan_batches(config)))

@@ -59,13 +59,14 @@ class KVCache:
         positions: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        span: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k/v [N, T, KVH, D] at positions; return the slots' keys/values up to the
-        longest new length, as [N, KVH, S, D] for attention."""
+        """Store k/v [N, T, KVH, D] at positions; return the slots' keys/values up to
+        ``span`` (default: the longest new length), as [N, KVH, S, D] for attention."""
         rows = slots[:, None].expand_as(positions)
         self.keys[layer][rows, positions] = k.to(self.keys[layer].dtype)
         self.values[layer][rows, positions] = v.to(self.values[layer].dtype)
-        span = int(positions.max()) + 1
+        span = span or int(positions.max()) + 1
         keys = self.keys[layer][slots, :span].transpose(1, 2)
         values = self.values[layer][slots, :span].transpose(1, 2)
         return keys, values

@@ -54,10 +54,12 @@ class _Context:
         slots: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        span: int | None = None,
     ) -> None:
         self.cos, self.sin = cos, sin
         self.cu_seqlens, self.max_seqlen = cu_seqlens, max_seqlen
         self.cache, self.slots, self.positions, self.mask = cache, slots, positions, mask
+        self.span = span
 
 
 class Attention(nn.Module):
@@ -100,7 +102,7 @@ class Attention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: _Context
     ) -> torch.Tensor:
         assert ctx.cache is not None and ctx.slots is not None and ctx.positions is not None
-        keys, values = ctx.cache.write(self.layer, ctx.slots, ctx.positions, k, v)
+        keys, values = ctx.cache.write(self.layer, ctx.slots, ctx.positions, k, v, ctx.span)
         out = masked_attention(q.transpose(1, 2), keys, values, ctx.mask)
         return out.transpose(1, 2)
 
@@ -209,25 +211,30 @@ class CausalLM(nn.Module):
         )
 
     def forward_cached(
-        self, input_ids: torch.Tensor, slots: torch.Tensor, cache: KVCache
+        self, input_ids: torch.Tensor, slots: torch.Tensor, cache: KVCache,
+        span: int | None = None,
     ) -> torch.Tensor:
         """Append row i of input_ids [N, T] to slot slots[i]; logits [N, T, V] in fp32.
 
         The new tokens take positions ``cache.lengths[slot] + arange(T)`` and attend to
         everything cached in their slot and causally to each other. Prefill is N=1 with the
         prompt; batched decode is N active slots with T=1. Lengths advance by T.
+        ``span``: cached positions every row's attention covers (masked past its own
+        length); default the longest row's. A fixed span (``cache.max_len``) keeps every
+        tensor's shape independent of which other slots share the forward.
         """
         n, t = input_ids.shape
         slots = slots.to(device=cache.lengths.device, dtype=torch.long)
         if slots.shape != (n,):
             raise ValueError(f"slots has shape {tuple(slots.shape)}; expected ({n},)")
         positions = cache.positions_for(slots, t)
-        span = int(positions.max()) + 1
+        span = span or int(positions.max()) + 1
         # key j may be seen by the query at position p iff j <= p: past + causal new tokens
         mask = torch.arange(span, device=positions.device) <= positions[:, :, None]
         cos, sin = self._rope(positions)
         ctx = _Context(
-            cos, sin, cache=cache, slots=slots, positions=positions, mask=mask.unsqueeze(1)
+            cos, sin, cache=cache, slots=slots, positions=positions, mask=mask.unsqueeze(1),
+            span=span,
         )
         logits = self._run(input_ids, ctx)
         cache.lengths[slots] += t

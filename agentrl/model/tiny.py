@@ -37,6 +37,9 @@ QWEN2_PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
+TINY_MAX_POSITIONS = 4096
+"""max_position_embeddings of the tiny built-in checkpoints (the default of
+``build_tiny_checkpoint``)."""
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS) + len(TOOL_TOKENS) + 1  # bytes + added + one merge
 
 WORDS = (
@@ -141,7 +144,7 @@ def build_tiny_checkpoint(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     tie_word_embeddings: bool = True,
-    max_position_embeddings: int = 4096,
+    max_position_embeddings: int = TINY_MAX_POSITIONS,
 ) -> Path:
     """Write a randomly initialised HF checkpoint folder; deterministic given the arguments."""
     if hidden_size % num_heads or num_heads % num_kv_heads:

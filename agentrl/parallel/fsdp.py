@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from agentrl.parallel.groups import get_rank, get_world_size
+from agentrl.parallel.groups import broadcast_object, get_rank, get_world_size
 
 
 def shard_model(model: nn.Module, compute_dtype: torch.dtype | None, device: torch.device,
@@ -52,17 +52,21 @@ def shard_model(model: nn.Module, compute_dtype: torch.dtype | None, device: tor
     return model
 
 
-def load_sharded(path: str | Path, param_dtype: torch.dtype, compute_dtype: torch.dtype,
-                 attention: str, device: torch.device) -> nn.Module:
-    """The CausalLM of a Hugging Face folder, sharded over all ranks on ``device``.
+def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: torch.dtype,
+                 compute_dtype: torch.dtype, attention: str, device: torch.device
+                 ) -> nn.Module:
+    """The CausalLM of a Hugging Face folder, sharded over all ranks on ``device``
+    (collective). ``state`` holds the whole checked state dict on rank 0 (read it there
+    first, e.g. with ``groups.run_on_main``) and nothing on the other ranks, which need
+    no copy of the folder but its config.
 
     Parameters are stored in ``param_dtype`` (fp32 master weights for the policy; the
     compute dtype for a frozen reference) and computed in ``compute_dtype``.
     """
     from agentrl.model import CausalLM, read_args
-    from agentrl.model.checkpoint import fresh_inv_freq, read_checkpoint_state
+    from agentrl.model.checkpoint import fresh_inv_freq
 
-    args = read_args(Path(path))
+    args = broadcast_object(read_args(Path(path)) if get_rank() == 0 else None)
     with torch.device("meta"):
         model = CausalLM(args, attention=attention)
     model = model.to(param_dtype)
@@ -70,7 +74,6 @@ def load_sharded(path: str | Path, param_dtype: torch.dtype, compute_dtype: torc
     model.to_empty(device=device)
     if args.tie_word_embeddings:  # to_empty gives the head a tensor of its own: re-tie
         model.lm_head.weight = model.model.embed_tokens.weight
-    state = read_checkpoint_state(Path(path), args) if get_rank() == 0 else {}
     state = {k: v.to(param_dtype) for k, v in state.items()}
     set_model_state_dict(model, state, options=StateDictOptions(
         full_state_dict=True, broadcast_from_rank0=True, strict=False))

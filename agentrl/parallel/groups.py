@@ -153,6 +153,20 @@ def wait_for_main(tag: str, timeout_s: float, group: dist.ProcessGroup | None = 
         ) from exc
 
 
+def run_on_main(tag: str, work: Any, timeout_s: float,
+                group: dist.ProcessGroup | None = None) -> Any:
+    """Run ``work()`` on rank 0 alone while the other ranks wait OUTSIDE any collective
+    (with ``timeout_s``); returns rank 0's result on rank 0 and None elsewhere. ``tag``
+    must be unique within the run."""
+    result = None
+    if get_rank(group) == 0:
+        result = work()
+        signal_main_done(tag, group)
+    else:
+        wait_for_main(tag, timeout_s, group)
+    return result
+
+
 def _store() -> dist.Store:
     from torch.distributed.distributed_c10d import _get_default_store
 

@@ -18,7 +18,7 @@ import math
 
 import msgspec
 
-from agentrl.config import Config, ConfigError
+from agentrl.config import Config
 
 CHECKPOINT_SLACK_S = 1800.0
 """Seconds allowed for rank 0 to write one checkpoint (a 70B fp32 folder is ~280 GB)."""
@@ -54,13 +54,8 @@ def timeouts(config: Config) -> Timeouts:
     """The configured timeouts, or the derived bound where a setting is None."""
     budget = rank0_budget_s(config)
     train = config.train
-    collective = train.collective_timeout_s
+    collective = train.collective_timeout_s  # both > 0 and finite by their config ranges
     wait = train.wait_for_rank0_timeout_s
-    for name, value in (("collective_timeout_s", collective),
-                        ("wait_for_rank0_timeout_s", wait)):
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise ConfigError(f"train.{name} is {value}; give a positive number of seconds "
-                              "or leave it unset for the derived default")
     return Timeouts(
         collective_s=collective if collective is not None else max(MIN_COLLECTIVE_TIMEOUT_S,
                                                                    budget),

@@ -2,7 +2,9 @@
 
 Each group is one task (one environment, one task seed) attempted G times concurrently;
 the rollouts of a group share the seed, so they start from the same task. Groups finish
-out of order and a collection keeps whichever complete first.
+out of order and a collection keeps whichever complete first; with ``train.deterministic``
+it keeps them in launch order instead, so which groups a step trains on never depends on
+timing.
 
 Dynamic sampling (``rollout.filter_uniform_groups``): a group whose valid rewards are all
 equal (or that has no valid rollout) carries no signal and is dropped; the runner keeps
@@ -113,6 +115,7 @@ class RolloutRunner:
                 [self.collect_group(gid, d.env, d.seed) for gid, d in zip(ids, draws,
                                                                          strict=True)],
                 stop=lambda: _count(kept) >= num_rollouts_needed,
+                in_launch_order=self.config.train.deterministic,
             ):
                 reason = drop_reason(group) if filtering else None
                 if reason is None:
@@ -160,11 +163,13 @@ def _seed_of(rollout_id: str, task_seed: int) -> int:
     return random.Random(f"{task_seed}:{rollout_id}").getrandbits(31)
 
 
-async def _as_completed(coros: list[Any], stop: Callable[[], bool]):
-    """Yield results as they finish; once ``stop()`` holds, cancel the rest."""
+async def _as_completed(coros: list[Any], stop: Callable[[], bool],
+                        in_launch_order: bool = False):
+    """Yield results as they finish (or, ``in_launch_order``, in the order given, all
+    still running concurrently); once ``stop()`` holds, cancel the rest."""
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
-        for next_done in asyncio.as_completed(tasks):
+        for next_done in tasks if in_launch_order else asyncio.as_completed(tasks):
             yield await next_done
             if stop():
                 return

@@ -15,6 +15,16 @@ of the sampled token, the distribution the trainer recomputes at the same temper
 
 The forward runs on the event loop's thread: while a step computes, no environment code
 runs on the loop (environments run their ``step`` in worker threads).
+
+Batch invariance (``batch_invariant=True``, set by ``train.deterministic``): batched
+matrix products round differently for different batch sizes (on CPU a one-row product is
+a GEMV, several rows a GEMM; attention's reductions follow the longest row), so a
+request's logits, and rarely its tokens, depend on which requests shared its decode
+steps, which depends on timing. In this mode every decode step runs all
+``max_batch_size`` slots (free ones on a dummy token) over the whole ``max_len`` span, so
+the forward's shapes never change and each request's tokens and log-probs are the same
+bits whatever else runs. Prefill is one prompt per forward in both modes. The price is
+decode work for idle slots: ``bench/batch_invariance.py`` measures it.
 """
 
 from __future__ import annotations
@@ -53,8 +63,10 @@ class TorchEngine:
         max_batch_size: int = 16,
         max_len: int = 4096,
         seed: int = 0,
+        batch_invariant: bool = False,
     ) -> None:
-        """``max_batch_size`` cache slots of ``max_len`` tokens (prompt + generated) each."""
+        """``max_batch_size`` cache slots of ``max_len`` tokens (prompt + generated) each;
+        ``batch_invariant``: outputs independent of batching (module docstring)."""
         if max_batch_size < 1 or max_len < 2:
             raise ValueError(
                 f"TorchEngine needs max_batch_size >= 1 and max_len >= 2, got "
@@ -64,6 +76,7 @@ class TorchEngine:
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.max_len = max_len
+        self.batch_invariant = batch_invariant
         self._seed_counter = itertools.count(seed * 1_000_003)
         self._cache: Any = None
         self._pending: list[_Request] = []
@@ -171,15 +184,27 @@ class TorchEngine:
         running = [r for r in self._active.values() if r.finish_reason is None]
         if not running:
             return
-        device = self._cache.lengths.device
-        input_ids = torch.tensor([[r.token_ids[-1]] for r in running], dtype=torch.long,
-                                 device=device)
-        slots = torch.tensor([r.slot for r in running], dtype=torch.long, device=device)
-        last_logits = self.model.forward_cached(input_ids, slots, self._cache)[:, -1]
+        cache = self._cache
+        if self.batch_invariant:  # every slot, whole span: shapes never change
+            by_slot = {r.slot: r for r in running}
+            for slot in range(self.max_batch_size):
+                if slot not in by_slot:  # free or finished: its cache is dead, reuse pos 0
+                    cache.lengths[slot] = 0
+            tokens = [by_slot[s].token_ids[-1] if s in by_slot else 0
+                      for s in range(self.max_batch_size)]
+            slot_ids, span = list(range(self.max_batch_size)), self.max_len
+        else:
+            tokens, slot_ids, span = [r.token_ids[-1] for r in running], [
+                r.slot for r in running], None
+        device = cache.lengths.device
+        input_ids = torch.tensor([[t] for t in tokens], dtype=torch.long, device=device)
+        slots = torch.tensor(slot_ids, dtype=torch.long, device=device)
+        last_logits = self.model.forward_cached(input_ids, slots, cache, span)[:, -1]
         self.num_forwards += 1
         last_logits = last_logits.float().cpu()  # one transfer per step, not per request
-        for i, request in enumerate(running):
-            self._append_sample(request, last_logits[i])
+        row_of = {slot: row for row, slot in enumerate(slot_ids)}
+        for request in running:
+            self._append_sample(request, last_logits[row_of[request.slot]])
 
     def _append_sample(self, request: _Request, logits_v: torch.Tensor) -> None:
         params = request.params

@@ -14,13 +14,15 @@ from agentrl.types import Group, Rollout
 from tests.rollout.stand_ins import LongEnv, ScriptedEngine
 
 
-def make_config(filter_uniform=False, extra=2, envs=("long",), group_size=4):
+def make_config(filter_uniform=False, extra=2, envs=("long",), group_size=4,
+                deterministic=False):
     return config_from_dict({
         "environments": [{"id": f"test:{name}", "name": name} for name in envs],
         "batch": {"rollout_batch_size": 2, "n_samples_per_prompt": group_size,
                   "global_batch_size": 2 * group_size},
         "rollout": {"filter_uniform_groups": filter_uniform, "max_extra_collections": extra,
                     "max_turns": 6},
+        "train": {"deterministic": deterministic},
     })
 
 
@@ -162,6 +164,11 @@ def test_groups_finish_out_of_order_and_are_kept_as_they_complete(tokenizer):
     runner, _ = make_runner(tokenizer, make_config(), factory)
     result = asyncio.run(runner.collect(0, 8))
     assert [g.group_id for g in result.groups] == ["s0-g1", "s0-g0"]
+    # train.deterministic: still concurrent, but kept in launch order, whatever the timing
+    created["n"] = 0
+    runner, _ = make_runner(tokenizer, make_config(deterministic=True), factory)
+    result = asyncio.run(runner.collect(0, 8))
+    assert [g.group_id for g in result.groups] == ["s0-g0", "s0-g1"]
 
 
 def test_an_engine_refusal_invalidates_only_that_rollout(tokenizer):

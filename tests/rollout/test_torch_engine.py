@@ -169,3 +169,51 @@ def test_trainer_scoring_pass_reproduces_engine_logprobs(tiny_model, temperature
     trainer = score(tiny_model, [mb], temperature)[0]
     mask = mb.loss_mask.bool()
     torch.testing.assert_close(trainer[mask], mb.engine_logprobs[mask], atol=1e-4, rtol=0)
+
+
+async def _generate_after(engine, prompt, params, decode_steps_later: int):
+    for _ in range(decode_steps_later):  # the engine decodes one step per loop turn
+        await asyncio.sleep(0)
+    return await engine.generate(prompt, params)
+
+
+def test_batch_invariant_outputs_do_not_depend_on_the_other_requests(tiny_model):
+    # train.deterministic: a request's tokens and log-probs are the same bits alone, in
+    # another slot, and next to requests that join and leave at other times
+    params = SamplingParams(temperature=1.0, max_tokens=16, seed=11)
+    others = SamplingParams(temperature=1.0, max_tokens=5, seed=3)
+    prompt = PROMPTS[2]
+
+    def engine():
+        return TorchEngine(tiny_model, max_batch_size=4, max_len=64, batch_invariant=True)
+
+    alone = run(engine().generate(prompt, params))
+
+    async def crowded(e):
+        return await asyncio.gather(
+            e.generate(PROMPTS[0], others),                 # takes slot 0, ends early
+            e.generate(prompt, params),                     # slot 1
+            _generate_after(e, PROMPTS[1], others, 3),      # joins mid-way
+            _generate_after(e, PROMPTS[3], params, 7),      # joins later, reuses a slot
+        )
+
+    e = engine()
+    together = run(crowded(e))[1]
+    assert together.token_ids == alone.token_ids
+    assert together.logprobs == alone.logprobs  # bit for bit, not approximately
+    assert e.num_forwards > 16  # it did decode in shared steps
+
+
+def test_batch_invariant_greedy_equals_the_default_engine(tiny_model):
+    params = SamplingParams(temperature=0.0, max_tokens=10)
+    invariant = TorchEngine(tiny_model, max_batch_size=3, max_len=64, batch_invariant=True)
+    default = TorchEngine(tiny_model, max_batch_size=3, max_len=64)
+
+    async def all_prompts(e):
+        return await asyncio.gather(*(e.generate(p, params) for p in PROMPTS))
+
+    a, b = run(all_prompts(invariant)), run(all_prompts(default))
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs),
+                                   atol=1e-5, rtol=0)

@@ -95,3 +95,20 @@ def test_failed_write_leaves_no_partial_checkpoint(tiny_dir, tmp_path) -> None:
         save_checkpoint(tmp_path, TrainerState(step=2), model, optimizer, Boom())
     assert latest_checkpoint(tmp_path) == step_dir(tmp_path, 1)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1"]
+
+
+def test_stale_temp_folders_are_removed_and_checkpoints_kept(tiny_dir, tmp_path) -> None:
+    from agentrl.checkpoint import remove_stale_temp_folders
+
+    model, optimizer, scheduler = _trained(tiny_dir)
+    save_checkpoint(tmp_path, TrainerState(step=2), model, optimizer, scheduler)
+    root = tmp_path / "checkpoints"
+    for name in (".tmp-step_3-k1ll3d", ".tmp-step_4-x"):  # what a kill mid-write leaves
+        (root / name).mkdir()
+        (root / name / "model.safetensors").write_bytes(b"half")
+    (root / "notes.tmp").write_text("not ours")
+    removed = remove_stale_temp_folders(tmp_path)
+    assert [p.name for p in removed] == [".tmp-step_3-k1ll3d", ".tmp-step_4-x"]
+    assert sorted(p.name for p in root.iterdir()) == ["notes.tmp", "step_2"]
+    assert latest_checkpoint(tmp_path) == step_dir(tmp_path, 2)
+    assert remove_stale_temp_folders(tmp_path / "never-ran") == []

@@ -1,9 +1,11 @@
 """End to end: a few steps of `agentrl train` on a tiny model, its metrics, checkpoints,
-exact resume (2 + 2 steps = 4 steps) and micro-batch invariance of the weights."""
+resume (bit-exact 2 + 2 = 4 steps with train.deterministic; otherwise no rollout lost or
+trained twice) and micro-batch invariance of the weights."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -26,6 +28,7 @@ max_tokens_per_microbatch = {budget}
 [rollout]
 max_new_tokens = 10
 max_turns = 2
+max_concurrent_rollouts = 4     # every rollout of a collection in flight at once
 [optim]
 lr = 1e-2
 warmup_steps = 2
@@ -97,9 +100,13 @@ def _without_times(record):
             k != "cumulative/active_s"}
 
 
+DETERMINISTIC = ["train.deterministic=true"]
+
+
 @pytest.fixture(scope="module")
 def four_steps(tmp_path_factory, model_dir):
-    return _train(tmp_path_factory.mktemp("full"), model_dir, "full", eval_every=2)
+    return _train(tmp_path_factory.mktemp("full"), model_dir, "full", eval_every=2,
+                  overrides=DETERMINISTIC)
 
 
 def test_metrics_and_checkpoint_format(four_steps) -> None:
@@ -134,11 +141,14 @@ def test_metrics_and_checkpoint_format(four_steps) -> None:
                                                                               "step_4"]
 
 
-def test_resume_2_plus_2_equals_4(tmp_path, model_dir, four_steps) -> None:
-    out = _train(tmp_path, model_dir, "split", steps=2, eval_every=2)
+def test_deterministic_resume_2_plus_2_equals_4(tmp_path, model_dir, four_steps) -> None:
+    # 4 rollouts in flight at once, so decode batches mix rollouts as timing decides;
+    # train.deterministic makes every bit independent of that
+    out = _train(tmp_path, model_dir, "split", steps=2, eval_every=2, overrides=DETERMINISTIC)
     (tmp_path / "split.toml").write_text(
         (tmp_path / "split.toml").read_text().replace("num_steps = 2", "num_steps = 4"))
-    assert main(["train", str(tmp_path / "split.toml"), "--out", str(out), "--resume"]) == 0
+    assert main(["train", str(tmp_path / "split.toml"), "--out", str(out), "--resume",
+                 "--set", DETERMINISTIC[0]]) == 0
     full, split = _weights(four_steps / "checkpoints" / "step_4"), _weights(
         out / "checkpoints" / "step_4")
     for name, tensor in full.items():
@@ -150,9 +160,57 @@ def test_resume_2_plus_2_equals_4(tmp_path, model_dir, four_steps) -> None:
     assert any(not torch.equal(start[n], full[n]) for n in full)
 
 
+def test_default_resume_loses_no_rollout_and_trains_none_twice(tmp_path, model_dir,
+                                                               capsys) -> None:
+    # a run killed while writing step 3's checkpoint: step 3's metrics line is written,
+    # its checkpoint only a .tmp folder. The resume continues from step 2.
+    out = _train(tmp_path, model_dir, "killed", steps=3)
+    before = _metrics(out)
+    root = out / "checkpoints"
+    shutil.rmtree(root / "step_3")
+    (root / ".tmp-step_3-k1ll3d").mkdir()
+    (root / ".tmp-step_3-k1ll3d" / "model.safetensors").write_bytes(b"half written")
+    config = tmp_path / "killed.toml"
+    config.write_text(config.read_text().replace("num_steps = 3", "num_steps = 4"))
+    capsys.readouterr()
+    assert main(["train", str(config), "--out", str(out), "--resume"]) == 0
+    said = capsys.readouterr().out
+    assert f"removed {root / '.tmp-step_3-k1ll3d'}: a partial checkpoint" in said
+    assert "resuming" in said and "at step 2" in said
+    assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_4"]
+    after = _metrics(out)
+    # every step once, each trained on its 4 rollouts once: the killed step 3 is redone
+    # from the step-2 weights, its old line replaced, never counted twice
+    assert [r["step"] for r in after] == [1, 2, 3, 4]
+    assert after[:2] == before[:2]
+    assert [r["num_rollouts"] for r in after] == [4, 4, 4, 4]
+    assert [r["cumulative/rollouts"] for r in after] == [4, 8, 12, 16]
+    assert [r["cumulative/updates"] for r in after] == [2, 4, 6, 8]
+    tokens = [r["num_sampled_tokens"] for r in after]
+    assert [r["cumulative/tokens"] for r in after] == list(np.cumsum(tokens))
+    assert after[2]["cumulative/active_s"] > after[1]["cumulative/active_s"]
+
+
+def test_the_resumed_run_starts_from_the_checkpoint_weights(tmp_path, model_dir) -> None:
+    from agentrl.config import load_config
+    from agentrl.run import build_run
+
+    out = _train(tmp_path, model_dir, "base", steps=2)
+    resumed = build_run(load_config(tmp_path / "base.toml"), out, resume=True)
+    resumed.writers.close()
+    saved = _weights(out / "checkpoints" / "step_2")
+    assert resumed.state.step == 2 and resumed.state.cumulative_rollouts == 8
+    from agentrl.parallel.fsdp import full_state_dict
+
+    for name, tensor in full_state_dict(resumed.model).items():
+        assert torch.equal(tensor, saved[name]), name
+
+
 def test_micro_batch_budget_does_not_change_the_update(tmp_path, model_dir) -> None:
-    small = _train(tmp_path, model_dir, "small", steps=1, budget=800)
-    large = _train(tmp_path, model_dir, "large", steps=1, budget=8192)
+    # a budget holds the longest possible row (plan refuses less): 780 + 10 new tokens
+    context = ["compaction.max_context_tokens=780"]
+    small = _train(tmp_path, model_dir, "small", steps=1, budget=800, overrides=context)
+    large = _train(tmp_path, model_dir, "large", steps=1, budget=8192, overrides=context)
     assert _metrics(small)[0]["num_micro_batches"] > _metrics(large)[0]["num_micro_batches"]
     a, b = _weights(small / "checkpoints" / "step_1"), _weights(large / "checkpoints" /
                                                                "step_1")

@@ -1,0 +1,303 @@
+"""Plan-time checks: what a config needs from the world, verified before anything launches.
+
+`agentrl plan` and `agentrl train` (before it spawns or loads anything) run every check
+in :data:`CHECKS` on one :class:`Preflight`, which builds what the checks share once, on
+first use: each environment (id, keyword arguments, data files), the model folder's
+``config.json`` and the tokenizer. Never the weights, so the checks take about a second.
+
+A check is a function ``(Preflight) -> str``: it returns one line for the plan's output
+or raises :class:`ConfigError` with one line naming the setting and the fix. Every check
+runs even when an earlier one failed, and every failure is reported, one line each. A
+new check is a function appended to ``CHECKS``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import Config, ConfigError, EnvironmentConfig
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the checks need to know about the model, read from its config.json."""
+
+    folder: Path | None
+    """The model folder; None for the tiny built-in model (built at train time)."""
+    model_type: str
+    max_position_embeddings: int
+    """Positions the model was trained for: the longest row (prompt + generated) it takes."""
+
+    def describe(self) -> str:
+        """Where the model comes from, as the plan prints it."""
+        where = str(self.folder) if self.folder else "the tiny built-in model (model.path empty)"
+        return f"{where}: {self.model_type}, {self.max_position_embeddings} positions"
+
+
+@dataclass(frozen=True)
+class RowBound:
+    """The longest row a rollout can make, in tokens, and how that follows from the knobs."""
+
+    tokens: int
+    how: str
+    """The arithmetic, e.g. "compaction.max_context_tokens + rollout.max_new_tokens = ..."."""
+    knob: str
+    """What to lower to shorten it."""
+
+
+class Preflight:
+    """The pieces the checks share, each built once on first use."""
+
+    def __init__(self, config: Config) -> None:
+        """Nothing is built yet."""
+        self.config = config
+        self._envs: dict[int, Any] = {}
+
+    def environment(self, index: int) -> Any:
+        """Environment ``index`` of the config, built once (its id, kwargs and data files
+        checked on the way)."""
+        if index not in self._envs:
+            self._envs[index] = build_environment(self.config.environments[index], index)
+        return self._envs[index]
+
+    @cached_property
+    def model(self) -> ModelFacts:
+        """The model's facts from ``model.path``'s config.json (no weights read)."""
+        if not self.config.model.path:
+            from agentrl.model.tiny import TINY_MAX_POSITIONS
+
+            return ModelFacts(None, "qwen2", TINY_MAX_POSITIONS)
+        folder = locate_model_dir(self.config.model.path)
+        check_model_folder(folder, self.config.model.path)
+        from agentrl.model import read_args
+
+        try:
+            args = read_args(folder)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"model.path = {self.config.model.path!r}: {folder}/config.json "
+                              f"cannot be read as a model ({_one_line(exc)})") from None
+        return ModelFacts(folder, args.model_type, args.max_position_embeddings)
+
+    @cached_property
+    def tokenizer(self) -> Any | None:
+        """The model folder's tokenizer; None for the tiny built-in model (not built yet)."""
+        if self.model.folder is None:
+            return None
+        from agentrl.model import load_tokenizer
+
+        return load_tokenizer(self.model.folder)
+
+    def first_prompt_tokens(self, index: int) -> int | None:
+        """Tokens of environment ``index``'s first prompt (task seed 0: system, task and
+        tool schemas through the chat template); None without a tokenizer."""
+        if self.tokenizer is None:
+            return None
+        from agentrl.rollout.context import ChatContext
+
+        env = self.environment(index)
+        messages, _ = env.reset(seed=0)
+        return len(ChatContext(self.tokenizer, env.tool_schemas(), messages).prompt_ids())
+
+    @cached_property
+    def longest_row(self) -> RowBound:
+        """The longest row any rollout can make under these settings."""
+        rollout, compaction = self.config.rollout, self.config.compaction
+        if compaction.strategy != "none":
+            total = compaction.max_context_tokens + rollout.max_new_tokens
+            return RowBound(
+                total, "compaction.max_context_tokens + rollout.max_new_tokens = "
+                f"{compaction.max_context_tokens} + {rollout.max_new_tokens} = {total}",
+                "compaction.max_context_tokens (or rollout.max_new_tokens)")
+        prompts = [(self.first_prompt_tokens(i), env.display_name())
+                   for i, env in enumerate(self.config.environments)]
+        known = [(n, name) for n, name in prompts if n is not None]
+        if known:
+            prompt, name = max(known)
+            what = f"{prompt} for {name}'s first task"
+        else:  # the tiny built-in model's tokenizer does not exist before training
+            prompt, what = 1, "at least 1"
+        total = prompt + rollout.max_rollout_tokens
+        return RowBound(
+            total, f'with compaction.strategy = "none" a rollout is one row: prompt ({what}) '
+            f"+ rollout.max_rollout_tokens {rollout.max_rollout_tokens} = {total}, before "
+            "observations", 'rollout.max_rollout_tokens (or turn compaction on)')
+
+    def close(self) -> None:
+        """Close the environments built so far."""
+        for env in self._envs.values():
+            close = getattr(env, "close", None)
+            if close is not None:
+                close()
+        self._envs.clear()
+
+
+Check = Callable[[Preflight], str]
+
+
+def check_environments(pf: Preflight) -> str:
+    """Every environment builds: known id, accepted keywords, data files present."""
+    errors, names = [], []
+    for index, env in enumerate(pf.config.environments):
+        try:
+            pf.environment(index)
+            names.append(env.display_name())
+        except ConfigError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return f"environments: {', '.join(names)} built"
+
+
+def check_model(pf: Preflight) -> str:
+    """``model.path`` is a model folder whose config.json we can run."""
+    return f"model: {pf.model.describe()}"
+
+
+def check_positions(pf: Preflight) -> str:
+    """A turn's new tokens and the longest row fit the model's positions."""
+    positions = pf.model.max_position_embeddings
+    source = f"max_position_embeddings of {pf.model.folder or 'the tiny built-in model'}"
+    new_tokens = pf.config.rollout.max_new_tokens
+    if new_tokens >= positions:
+        raise ConfigError(
+            f"rollout.max_new_tokens = {new_tokens} does not fit the model's {positions} "
+            f"positions ({source}) with even one prompt token; lower rollout.max_new_tokens "
+            f"below {positions}")
+    row = pf.longest_row
+    if row.tokens > positions:
+        raise ConfigError(
+            f"the longest row passes the model's {positions} positions ({source}): "
+            f"{row.how}; lower {row.knob} by {row.tokens - positions}")
+    return f"positions: longest row {row.tokens} of the model's {positions} ({row.how})"
+
+
+def check_micro_batch_budget(pf: Preflight) -> str:
+    """The micro-batch token budget holds the longest row (rows are never split)."""
+    budget = pf.config.batch.max_tokens_per_microbatch
+    row = pf.longest_row
+    if budget < row.tokens:
+        raise ConfigError(
+            f"batch.max_tokens_per_microbatch = {budget} is smaller than the longest possible "
+            f"row ({row.how}); raise batch.max_tokens_per_microbatch to at least "
+            f"{row.tokens}, or lower {row.knob}")
+    return f"micro-batch: budget {budget} tokens holds the longest row ({row.tokens})"
+
+
+CHECKS: list[Check] = [check_environments, check_model, check_positions,
+                       check_micro_batch_budget]
+"""The plan-time checks, in order."""
+
+
+def run_checks(config: Config, checks: Sequence[Check] = CHECKS) -> list[str]:
+    """Run every check; return their lines, or raise one ConfigError holding every
+    failure (one line each, each named once)."""
+    pf = Preflight(config)
+    lines: list[str] = []
+    failures: dict[str, None] = {}
+    try:
+        for check in checks:
+            try:
+                lines.append(check(pf))
+            except ConfigError as exc:
+                failures.update(dict.fromkeys(str(exc).splitlines()))
+    finally:
+        pf.close()
+    if failures:
+        raise ConfigError("\n".join(failures))
+    return lines
+
+
+# --------------------------------------------------------------------------- environments
+
+
+def build_environment(env: EnvironmentConfig, index: int) -> Any:
+    """Build one configured environment; a ConfigError names what is wrong and the fix."""
+    from agentrl.registry import make, resolve
+
+    where = f"environments[{index}]"
+    try:
+        target = resolve(env.id)
+    except ValueError as exc:
+        raise ConfigError(f"{where}.id: {_one_line(exc)}") from None
+    accepted = accepted_keywords(_environment_class(target))
+    unknown = [key for key in env.kwargs if accepted is not None and key not in accepted]
+    if unknown and accepted is not None:
+        close = difflib.get_close_matches(unknown[0], accepted, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ";"
+        raise ConfigError(
+            f"{where}.kwargs: {env.id} takes no keyword '{unknown[0]}'{hint} it accepts: "
+            f"{', '.join(accepted)}")
+    try:
+        return make(env.id, **env.kwargs)
+    except Exception as exc:  # a user constructor can raise anything; report it, one line
+        raise ConfigError(f"{where} ({env.id}) cannot be built: {type(exc).__name__}: "
+                          f"{_one_line(exc)}") from None
+
+
+def _environment_class(target: Any) -> type:
+    if not isinstance(target, str):
+        return target
+    import gymnasium
+    from gymnasium.envs.registration import load_env_creator
+
+    entry_point = gymnasium.registry[target].entry_point
+    return load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+
+
+def accepted_keywords(cls: Any) -> list[str] | None:
+    """Keyword arguments a constructor accepts, following ``**kwargs`` up the classes it
+    passes them to; None when that cannot be known (a ``**kwargs`` that goes nowhere)."""
+    names: list[str] = []
+    for klass in getattr(cls, "__mro__", ()):
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        if klass is object:
+            return None
+        params = list(inspect.signature(init).parameters.values())[1:]  # drop self
+        names += [p.name for p in params
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return names
+    return None
+
+
+# --------------------------------------------------------------------------- model folder
+
+
+def locate_model_dir(path: str) -> Path:
+    """The folder ``model.path`` names: as given (relative to the working directory), else
+    relative to the project; it must hold a config.json."""
+    given = Path(path)
+    candidates = list(dict.fromkeys((given.resolve(), (PROJECT_ROOT / given).resolve())))
+    for candidate in candidates:
+        if (candidate / "config.json").is_file():
+            return given if candidate == given.resolve() else candidate
+    raise ConfigError(
+        f"model.path = {path!r} has no config.json (looked in "
+        f"{' and '.join(map(str, candidates))}); give a local Hugging Face folder, or leave "
+        "model.path empty for the tiny built-in model")
+
+
+def check_model_folder(folder: Path, path: str) -> None:
+    """A model folder holds safetensors weights and a tokenizer next to its config.json."""
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.safetensors.index.json")):
+        raise ConfigError(
+            f"model.path = {path!r}: {folder} has a config.json but no *.safetensors weights; "
+            "point model.path at a complete Hugging Face folder")
+    if not (folder / "tokenizer.json").is_file():
+        raise ConfigError(
+            f"model.path = {path!r}: {folder} has no tokenizer.json; copy the tokenizer "
+            "files of the base model into it")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
