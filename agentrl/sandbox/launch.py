@@ -51,7 +51,7 @@ def require_isolation(isolation: str) -> None:
             f"isolation = {isolation!r} is not one of {list(ISOLATIONS)}; "
             '"bwrap" is the operating-system sandbox (docs/security.md)')
     if isolation == "process":
-        warnings.warn(PROCESS_WARNING, stacklevel=3)
+        warnings.warn(PROCESS_WARNING, stacklevel=2)
         return
     problem = bwrap_problem()
     if problem is not None:

@@ -377,6 +377,8 @@ for fd in (0, 1, 2):
     Attempt("io-ports", LIBC + "import platform\nassert platform.machine() == 'x86_64'\n"
             "r = libc.iopl(3)\n" + ERRNO + "if r == 0: print('LEAK')",
             errno_in(EPERM, ENOSYS)),
+    Attempt("capabilities", "print(open('/proc/self/status').read())",
+            lambda r, _: _no_privileges(r)),
     Attempt("raise-rlimits", """
 import resource
 for kind in (resource.RLIMIT_NPROC, resource.RLIMIT_AS, resource.RLIMIT_CPU):
@@ -503,6 +505,14 @@ def _only_minimal_dev(result: SandboxResult) -> None:
 def _only_own_pids(result: SandboxResult) -> None:
     pids = eval(result.stdout.split("PIDS ", 1)[1])
     assert pids and max(pids) < 100 and len(pids) <= RED.max_processes + 1, pids
+
+
+def _no_privileges(result: SandboxResult) -> None:
+    status = dict(line.split(":\t", 1) for line in result.stdout.splitlines() if ":\t" in line)
+    for kind in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(status[kind], 16) == 0, (kind, status[kind])
+    assert status["NoNewPrivs"].strip() == "1"
+    assert status["Uid"].split()[0] != "0"
 
 
 def _flooded(stream: str, result: SandboxResult, elapsed: float) -> None:
