@@ -29,7 +29,7 @@ SHORT = SandboxLimits(cpu_s=30, wall_s=1.5, memory_mb=256, max_output_bytes=4000
 
 # CPU time is counted per process over all its threads; on a busy machine the wall clock
 # may come first
-SPIN = SandboxLimits(cpu_s=1, wall_s=2.5, memory_mb=256, max_processes=8, scratch_mb=4)
+SPIN = SandboxLimits(cpu_s=1, wall_s=1.5, memory_mb=256, max_processes=8, scratch_mb=4)
 
 LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 ERRNO = "print('errno', ctypes.get_errno())\n"
@@ -391,7 +391,7 @@ for kind in (resource.RLIMIT_NPROC, resource.RLIMIT_AS, resource.RLIMIT_CPU):
 ]
 
 RESOURCES = [
-    Attempt("busy-loop", "while True:\n    pass", ended_any(("cpu_limit", "timeout"), 5.0),
+    Attempt("busy-loop", "while True:\n    pass", ended_any(("cpu_limit", "timeout"), 4.0),
             limits=SPIN),
     Attempt("busy-threads", """
 import threading
@@ -401,7 +401,7 @@ def spin():
 for _ in range(3):
     threading.Thread(target=spin, daemon=True).start()
 spin()
-""", ended_any(("cpu_limit", "timeout"), 5.0), limits=SPIN),
+""", ended_any(("cpu_limit", "timeout"), 4.0), limits=SPIN),
     Attempt("sleep-forever", "import time; time.sleep(1000)", ended("timeout", 4.0),
             limits=SHORT),
     Attempt("stdout-flood", "while True:\n    print('x' * 10000)",
@@ -444,7 +444,11 @@ import _imp, os, sys, time
 sys.modules['__main__'].READ.append('')  # to watch /proc; the bypass is _imp below
 class Spec:
     name = '_posixsubprocess'
-ps = _imp.create_builtin(Spec)
+if Spec.name in sys.builtin_module_names:
+    ps = _imp.create_builtin(Spec)  # no import event for the hook to see
+else:  # an interpreter that builds it as an extension module: clear the hook's list
+    sys.modules['__main__'].BAD_MODULES.clear()
+    import _posixsubprocess as ps
 argv = [b'$python', b'-c', b'import time; time.sleep(120)', b'$marker']
 # args, executable_list, close_fds, pass_fds, cwd, env, 6 pipe fds, errpipe r/w,
 # restore_signals, call_setsid, pgid_to_set, gid, extra_groups, uid, child_umask,
