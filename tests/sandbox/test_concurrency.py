@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from agentrl.sandbox import SandboxLimits, run_python
@@ -30,45 +31,44 @@ def test_256_concurrent_calls_complete_without_leaks():
 
 
 def test_concurrent_calls_cannot_see_or_signal_each_other():
-    # A holds a file and a process in its sandbox; B, meanwhile, looks for them and tries to
-    # kill everything it can reach. A must finish normally, its file intact.
-    limits = SandboxLimits(wall_s=20.0, cpu_s=10)
-    holder = """
-import time
+    # A holds a file and a child process in its sandbox; once the host sees that child, B
+    # looks for them and tries to kill everything it can reach. A must end normally, its
+    # file and child intact.
+    marker = "agentrl-holder-" + uuid.uuid4().hex[:12]
+    limits = SandboxLimits(wall_s=60.0, cpu_s=10)
+    holder = f"""
+import os, sys, time
 open('mine.txt', 'w').write('A')
-print('held from', time.time())
-time.sleep(3.0)
+child = os.fork()
+if child == 0:
+    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(5)', {marker!r}])
+print('child exit', os.waitpid(child, 0)[1])
 print('held until', time.time())
 print('A intact', open('mine.txt').read())
 """
     intruder = """
 import os, signal, time
-print('looked at', time.time())
 print('tmp', os.listdir('/tmp'))
-print('procs', sorted(p for p in os.listdir('/proc') if p.isdigit()), flush=True)
+print('procs', sorted(p for p in os.listdir('/proc') if p.isdigit()))
+print('looked at', time.time(), flush=True)
 for pid in range(1, 400):
     try:
         os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
-try:
-    os.kill(-1, signal.SIGKILL)
-except OSError:
-    pass
 """
     outcome = {}
-    a = threading.Thread(target=lambda: outcome.setdefault("a", run_python(holder, limits)))
+    a = threading.Thread(target=lambda: outcome.setdefault("a", run_python(
+        holder, limits, audit_hook=False)))
     a.start()
-    time.sleep(1.0)
+    assert wait_until(lambda: processes_with(marker), 30.0), "A's child did not start"
     b = run_python(intruder, limits, audit_hook=False)
     a.join()
-    # B ran while A held its file and process (the same host clock in both)
-    held_from, held_until, looked_at = (float(_after(o.stdout, label)) for o, label in (
-        (outcome["a"], "held from"), (outcome["a"], "held until"), (b, "looked at")))
-    assert held_from < looked_at < held_until
+    a_out = outcome["a"].stdout
+    assert float(_after(b.stdout, "looked at")) < float(_after(a_out, "held until"))
     assert "mine.txt" not in b.stdout
     assert "procs ['1', '2']" in b.stdout  # its own init and itself, nothing of A
-    assert outcome["a"].error is None and "A intact A" in outcome["a"].stdout
+    assert outcome["a"].error is None and "child exit 0" in a_out and "A intact A" in a_out
 
 
 def _after(text: str, label: str) -> str:
