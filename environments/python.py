@@ -1,11 +1,15 @@
 """Python: number puzzles solved by running code in the sandbox (``agentrl.sandbox``).
 
-The tool ``run_python(code)`` runs the code in a subprocess with CPU, memory, output and
-wall-clock limits, no network and no access outside a scratch directory; the model sees
-stdout, stderr and why a run stopped. The answer is the final number of the reply
+The tool ``run_python(code)`` runs the code in an operating-system sandbox (bubblewrap:
+fresh namespaces, a read-only root holding only the interpreter, no network, a private
+scratch folder) with CPU, memory, process, disk, output and wall-clock limits; the model
+sees stdout, stderr and why a run stopped. The answer is the final number of the reply
 (``<answer>N</answer>`` works). Reward 1.0 when it is right.
 
-Knobs: ``max_n`` (problem size), the sandbox limits ``cpu_s``, ``wall_s``, ``memory_mb``.
+Knobs: ``max_n`` (problem size), the sandbox limits ``cpu_s``, ``wall_s``, ``memory_mb``,
+``max_processes``, ``scratch_mb``, and ``isolation``: "bwrap" (default; refused at
+construction where namespaces do not work) or "process" (weaker, opt-in, warns; see
+docs/security.md).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from fractions import Fraction
 import numpy as np
 
 from agentrl.env import AgentEnv, Grade, Task
-from agentrl.sandbox import SandboxLimits, describe
+from agentrl.sandbox import SandboxLimits, describe, require_isolation
 from agentrl.sandbox import run_python as run_sandboxed
 from agentrl.tools import tool
 from agentrl.types import Message
@@ -60,12 +64,18 @@ class PythonEnv(AgentEnv):
     tool_timeout_s = 30.0  # the sandbox enforces its own, shorter wall-clock limit
 
     def __init__(self, max_n: int = 200, cpu_s: int = 5, wall_s: float = 10.0,
-                 memory_mb: int = 512, **kwargs):
+                 memory_mb: int = 512, max_processes: int = 16, scratch_mb: int = 64,
+                 isolation: str = "bwrap", **kwargs):
         super().__init__(**kwargs)
         if max_n < 10:
             raise ValueError(f"python: max_n is {max_n}; it must be >= 10")
+        require_isolation(isolation)  # before any model code can run
         self.max_n = max_n
-        self.limits = SandboxLimits(cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb)
+        self.isolation = isolation
+        self.limits = SandboxLimits(cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb,
+                                    max_processes=max_processes, scratch_mb=scratch_mb)
+        # the sandbox kills the run at wall_s; the tool call must not be abandoned before
+        self.tool_timeout_s = max(type(self).tool_timeout_s, wall_s + 5.0)
 
     @tool
     def run_python(self, code: str) -> str:
@@ -74,7 +84,7 @@ class PythonEnv(AgentEnv):
         Args:
             code: A Python program (standard library only); print the values you need.
         """
-        return describe(run_sandboxed(code, self.limits))
+        return describe(run_sandboxed(code, self.limits, self.isolation))
 
     def sample_task(self, rng: np.random.Generator) -> Task:
         """One of the problem templates with random sizes."""
