@@ -173,6 +173,12 @@ class LogConfig(_Section):
     live: bool = True
     """Live terminal display during training."""
     tensorboard: bool = False
+    rollouts_every: int = 1
+    """Steps between rollout samples written to RUN_DIR/rollouts/step_NNNNNN.jsonl (per
+    environment the best, the worst and a few random rollouts, decoded); 0 disables."""
+    rollouts_random_per_env: int = 2
+    """Rollouts per environment drawn at random (seeded by train.seed and the step) for
+    each sample, besides the best and the worst."""
 
 
 class Config(_Section):
@@ -296,6 +302,7 @@ def validate(config: Config) -> None:
     check_loss(config.loss)
     check_environments(config)
     check_positive(config)
+    check_log(config.log)
     from agentrl.accounting import plan_batches
 
     plan_batches(config)  # raises ConfigError when the batch knobs do not divide
@@ -350,3 +357,11 @@ def check_environments(config: Config) -> None:
         if name in names:
             raise ConfigError(f"two environments are named {name!r}; set a distinct `name`")
         names.add(name)
+
+
+def check_log(log: LogConfig) -> None:
+    """Sampling intervals and counts cannot be negative."""
+    for name in ("rollouts_every", "rollouts_random_per_env"):
+        value = getattr(log, name)
+        if value < 0:
+            raise ConfigError(f"log.{name} is {value}; it must be >= 0 (0 disables)")

@@ -57,6 +57,8 @@ class Run:
     reference: Any = None
     """Frozen initial model for the KL term (only when loss.kl_coef != 0)."""
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+    rollout_log: Any = None
+    """Writes sampled rollouts as transcripts (rank 0 only; None elsewhere)."""
 
     @property
     def rank(self) -> int:
@@ -99,6 +101,13 @@ class Run:
                      self.config.train.eval_tasks_per_env)
         )
         return {**eval_metrics(accuracy), "time/eval": time.perf_counter() - start}
+
+    def write_rollout_sample(self, step: int, rollouts: list[Any], rows: list[Any],
+                             advantages: list[float]) -> dict[str, float]:
+        """Write the step's sampled transcripts when due (rank 0); returns their cost."""
+        if self.rollout_log is None:
+            return {}
+        return self.rollout_log.write(step, rollouts, rows, advantages)
 
     def sync_weights(self) -> None:
         """Give the engine the new policy; a torch engine sharing the model needs nothing."""
@@ -156,7 +165,7 @@ def build_run(
     if checkpoint is not None:
         state = load_training_state(checkpoint, optimizer, scheduler)
         sampler.load_state_dict(state.sampler)
-    engine = runner = None
+    engine = runner = rollout_log = None
     writers: Any = MultiWriter([])
     if is_main:
         engine = build_engine(config, model, tokenizer, model_dir)
@@ -165,6 +174,8 @@ def build_run(
         writers = build_writers(run_dir, config.train.num_steps, config.log.live,
                                 config.log.tensorboard,
                                 resume_step=state.step if resume else None)
+        rollout_log = build_rollout_log(config, run_dir, tokenizer,
+                                        resume_step=state.step if resume else None)
     args = model.config
     cost = CostModel.from_model_args(
         args.hidden_size, args.num_hidden_layers, args.intermediate_size, args.vocab_size,
@@ -173,7 +184,7 @@ def build_run(
                tokenizer_dir=Path(model_dir), engine=engine, runner=runner, sampler=sampler,
                optimizer=optimizer, scheduler=scheduler, writers=writers, state=state,
                plan=plan_batches(config), cost=cost, process_group=process_group,
-               reference=reference)
+               reference=reference, rollout_log=rollout_log)
 
 
 def training_device() -> torch.device:
@@ -235,6 +246,16 @@ def build_runner(config: Config, engine: Any, tokenizer: Any,
     from agentrl.rollout.runner import RolloutRunner
 
     return RolloutRunner(config, engine, tokenizer, sampler)
+
+
+def build_rollout_log(config: Config, run_dir: Path, tokenizer: Any,
+                      resume_step: int | None) -> Any:
+    """The writer of sampled rollout transcripts (``RUN_DIR/rollouts/``)."""
+    from agentrl.transcripts.store import RolloutSampleWriter
+
+    log = config.log
+    return RolloutSampleWriter(run_dir, tokenizer, log.rollouts_every,
+                               log.rollouts_random_per_env, config.train.seed, resume_step)
 
 
 def write_run_config(config: Config, run_dir: Path) -> None:

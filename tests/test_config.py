@@ -122,3 +122,10 @@ def test_zero_counts_are_refused(setting, value):
     section, key = setting.split(".")
     with pytest.raises(ConfigError, match=f"{section}.{key} is {value}; it must be >= 1"):
         make(**{section: {key: value}})
+
+
+@pytest.mark.parametrize("key", ["rollouts_every", "rollouts_random_per_env"])
+def test_negative_rollout_sampling_is_refused(key):
+    with pytest.raises(ConfigError, match=f"log.{key} is -1; it must be >= 0"):
+        make(log={key: -1})
+    assert getattr(make(log={key: 0}).log, key) == 0  # 0 disables
