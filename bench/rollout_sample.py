@@ -65,7 +65,7 @@ def main() -> None:
         sample_s, broadcast_s, size = [], [], 0.0
         for step in range(1, args.repeat + 1):
             figures = writer.write(step, rollouts, rows, advantages)
-            sample_s.append(figures["log/rollout_sample_s"])
+            sample_s.append(figures["time/rollout_sample"])
             size = figures["log/rollout_sample_bytes"]
             start = time.perf_counter()
             msgspec.msgpack.encode(rollouts)

@@ -7,7 +7,7 @@ the run's seed and the step (the same run samples the same rollouts). One file p
 keeps ``--step N`` a single read and lets a resumed run drop the steps it redoes.
 
 Cost: only the kept rollouts are decoded (a few per environment), so writing takes
-milliseconds per step; the trainer logs it as ``log/rollout_sample_s`` and
+milliseconds per step; the trainer logs it as ``time/rollout_sample`` and
 ``log/rollout_sample_bytes``.
 """
 
@@ -105,7 +105,7 @@ class RolloutSampleWriter:
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(data)
         tmp.replace(path)
-        return {"log/rollout_sample_s": time.perf_counter() - start,
+        return {"time/rollout_sample": time.perf_counter() - start,
                 "log/rollout_sample_bytes": float(len(data))}
 
 

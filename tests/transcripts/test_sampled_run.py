@@ -22,7 +22,7 @@ def test_every_step_samples_best_worst_and_random_per_environment(sampled_run) -
         best, worst = records[0], records[1]
         assert best.reward >= worst.reward and all(r.step == step for r in records)
     metrics = [json.loads(line) for line in (sampled_run / "metrics.jsonl").open()]
-    assert all(m["log/rollout_sample_bytes"] > 0 and m["log/rollout_sample_s"] >= 0
+    assert all(m["log/rollout_sample_bytes"] > 0 and m["time/rollout_sample"] >= 0
                for m in metrics if m["step"] > 0)
 
 
