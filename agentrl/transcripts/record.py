@@ -82,13 +82,15 @@ class RolloutRecord(msgspec.Struct, omit_defaults=True):
 
 def build_record(
     rollout: Rollout, row_advantages: Mapping[int, float], tokenizer: Any, step: int,
-    selection: str,
+    selection: str, rows_of: Mapping[int, Any] | None = None,
 ) -> RolloutRecord:
     """The transcript of one rollout; ``row_advantages``: segment index → advantage, as
-    the trainer computed them (never recomputed here)."""
+    the trainer computed them (never recomputed here). ``rows_of``: segment index → the
+    trained Row, read for policy versions when the segment does not carry them."""
     stats = rollout.stats
     rows = [
-        _row_record(index, segment, row_advantages.get(index, 0.0), tokenizer)
+        _row_record(index, segment, row_advantages.get(index, 0.0), tokenizer,
+                    (rows_of or {}).get(index))
         for index, segment in enumerate(rollout.segments)
     ]
     return RolloutRecord(
@@ -134,14 +136,17 @@ def policy_versions(holder: Any, start: int | None = None, end: int | None = Non
     return []
 
 
-def _row_record(index: int, segment: Segment, advantage: float, tokenizer: Any) -> RowRecord:
+def _row_record(index: int, segment: Segment, advantage: float, tokenizer: Any,
+                row: Any = None) -> RowRecord:
+    versioned = row if row is not None and not policy_versions(segment) and \
+        policy_versions(row) else segment
     spans = []
     previous: Span | None = None
     for source, start, end in _spans(segment):
         text = tokenizer.decode(segment.token_ids[start:end])
         if source == "generated":
             messages = [assistant_message(text)]
-            versions = policy_versions(segment, start, end)
+            versions = policy_versions(versioned, start, end)
         else:
             messages, versions = split_messages(text), []
         summary = (source == "generated" and previous is not None
@@ -153,7 +158,7 @@ def _row_record(index: int, segment: Segment, advantage: float, tokenizer: Any) 
         index=index, advantage=float(advantage), num_tokens=len(segment.token_ids),
         num_prompt_tokens=segment.num_prompt_tokens,
         num_generated_tokens=segment.num_generated_tokens, valid=segment.valid, spans=spans,
-        policy_versions=policy_versions(segment),
+        policy_versions=policy_versions(versioned),
     )
 
 

@@ -20,7 +20,7 @@ from agentrl.transcripts.store import (
     sample_path,
     sampled_steps,
 )
-from agentrl.types import Message, Rollout, RolloutStats, Segment
+from agentrl.types import Message, Rollout, RolloutStats, Row, Segment
 from tests.factories import rollout
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Find a key.",
@@ -182,3 +182,41 @@ def test_records_round_trip_and_tolerate_a_line_cut_short(tmp_path, tokenizer) -
     line = msgspec.json.encode(record)
     path.write_bytes(line + b"\n" + line[: len(line) // 2])
     assert read_step(tmp_path, 7) == [record]
+
+
+def test_versions_recorded_on_the_trained_rows_are_shown(tmp_path, tokenizer) -> None:
+    class VersionedRow(Row):
+        policy_version: int = -1
+
+    batch = [rollout("a", "g", 1.0, num_rows=2), rollout("b", "g", 0.0)]
+    rows = [VersionedRow(**msgspec.structs.asdict(r), policy_version=5 + r.segment)
+            for r in to_rows(batch)]
+    writer = RolloutSampleWriter(tmp_path, tokenizer, every=1, num_random=0, seed=0)
+    writer.write(1, batch, rows, [0.5, 0.5, -0.5])
+    best, worst = read_step(tmp_path, 1)
+    assert [r.policy_versions for r in best.rows] == [[5], [6]]
+    assert best.policy_versions == [5, 6] and worst.policy_versions == [5]
+    assert [r.advantage for r in best.rows] == [0.5, 0.5] and worst.rows[0].advantage == -0.5
+
+
+def test_terminal_highlights_tool_calls_and_marks_summaries(tokenizer) -> None:
+    import re
+
+    from rich.console import Console
+
+    from agentrl.transcripts.terminal import render_records
+
+    record = build_record(summarized_rollout(tokenizer), {0: 0.25, 1: 0.25}, tokenizer, 3,
+                          "best")
+    console = Console(record=True, width=200, force_terminal=True, color_system="standard")
+    render_records([record], console)
+    plain = console.export_text(styles=False, clear=False)
+    assert "truncated (max_turns)" in plain and "tool errors: timeout 1" in plain
+    assert "policy versions 3–4" in plain and "row 0 · advantage +0.25" in plain
+    summary = record.rows[0].spans[3]
+    assert f"assistant (summary) ({summary.num_tokens} tokens, policy 4) │ k7 is 42." in plain
+    assert "compaction 1: row 1 starts from a compacted context" in plain
+    styled = console.export_text(styles=True)
+    # the call is printed in yellow (33), its surrounding text is not
+    assert re.search(r"\x1b\[[0-9;]*33[0-9;]*m<tool_call>", styled)
+    assert not re.search(r"\x1b\[[0-9;]*33[0-9;]*mLet me look", styled)
