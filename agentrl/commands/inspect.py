@@ -41,6 +41,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give a run folder, a batch file or --demo (exactly one)")
     if args.path and Path(args.path).is_dir():
         return show_run(args.path, args.step, args.env, args.full)
+    if args.path and not Path(args.path).exists():
+        raise ValueError(f"{args.path} does not exist; give a run folder (`agentrl train "
+                         "--out DIR`) or a batch JSON (`agentrl inspect --demo --save PATH`)")
     from agentrl.rollout.batch_io import load_batch, save_batch
     from agentrl.rollout.describe import describe_batch
 

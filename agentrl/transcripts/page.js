@@ -173,8 +173,9 @@
     const chosen = shown.find((r) => keyOf(r) === s.rollout) || shown[0];
     list.replaceChildren(...shown.map((r) => listItem(r, r === chosen, s)));
     count.textContent = shown.length + " of " + rollouts.length + " rollouts";
-    view.replaceChildren(chosen ? rolloutView(chosen)
-      : el("p", "empty", "No sampled rollouts match these filters."));
+    const none = rollouts.length ? "No sampled rollouts match these filters."
+      : "This run has no sampled rollouts (training writes them every log.rollouts_every steps).";
+    view.replaceChildren(chosen ? rolloutView(chosen) : el("p", "empty", none));
   }
 
   stepSelect.append(option("all", "all steps"), ...steps.map((s) => option(String(s), "step " + s)));

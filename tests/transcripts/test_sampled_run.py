@@ -76,3 +76,5 @@ def test_inspect_run_dir_names_what_exists(sampled_run, tmp_path) -> None:
         main(["inspect", str(sampled_run), "--env", "nope"])
     with pytest.raises(ValueError, match="log.rollouts_every"):
         main(["inspect", str(tmp_path)])
+    with pytest.raises(ValueError, match="does not exist; give a run folder"):
+        main(["inspect", str(tmp_path / "missing")])
