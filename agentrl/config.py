@@ -228,6 +228,12 @@ class LogConfig(_Section):
     """Live terminal display during training."""
     tensorboard: bool = False
     """Also write TensorBoard event files into the run folder."""
+    rollouts_every: NonNegativeInt = 1
+    """Steps between rollout samples written to RUN_DIR/rollouts/step_NNNNNN.jsonl (per
+    environment the best, the worst and a few random rollouts, decoded); >= 0; 0 disables."""
+    rollouts_random_per_env: NonNegativeInt = 2
+    """Rollouts per environment drawn at random (seeded by train.seed and the step) for
+    each sample, besides the best and the worst; >= 0."""
 
 
 class Config(_Section):

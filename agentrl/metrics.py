@@ -117,7 +117,7 @@ def rollout_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
     if not rollouts:
         return {}
     n = len(rollouts)
-    return {
+    figures = {
         f"{prefix}response_length/mean": sum(r.num_generated_tokens for r in rollouts) / n,
         f"{prefix}truncation_rate": sum(r.stats.truncated for r in rollouts) / n,
         f"{prefix}num_turns/mean": sum(r.stats.num_turns for r in rollouts) / n,
@@ -125,6 +125,21 @@ def rollout_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
         f"{prefix}invalid_rate": sum(not r.trainable for r in rollouts) / n,
         f"{prefix}tool_errors": float(sum(sum(r.stats.tool_errors.values()) for r in rollouts)),
     }
+    figures.update(breakdown_figures(rollouts, prefix))
+    return figures
+
+
+def breakdown_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, float]:
+    """Rows per rollout (compaction's effect on the batch) and tool errors by kind
+    (``tool_errors/<kind>``, only the kinds that occurred) of non-empty ``rollouts``."""
+    n = len(rollouts)
+    out = {f"{prefix}rows_per_rollout/mean": sum(len(r.segments) for r in rollouts) / n}
+    kinds: dict[str, int] = defaultdict(int)
+    for rollout in rollouts:
+        for kind, count in rollout.stats.tool_errors.items():
+            kinds[kind] += count
+    out.update({f"{prefix}tool_errors/{kind}": float(c) for kind, c in sorted(kinds.items())})
+    return out
 
 
 def collection_figures(dropped: dict[str, dict[str, int]], num_rounds: int,

@@ -65,6 +65,8 @@ class Run:
     reference: Any = None
     """Frozen initial model for the KL term (only when loss.kl_coef != 0), sharded."""
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+    rollout_log: Any = None
+    """Writes sampled rollouts as transcripts (rank 0 only; None elsewhere)."""
 
     @property
     def rank(self) -> int:
@@ -112,6 +114,13 @@ class Run:
             return {**eval_metrics(accuracy), "time/eval": time.perf_counter() - start}
 
         return self.on_main(f"validation/{step}", work) or {}
+
+    def write_rollout_sample(self, step: int, rollouts: list[Any], rows: list[Any],
+                             advantages: list[float]) -> dict[str, float]:
+        """Write the step's sampled transcripts when due (rank 0); returns their cost."""
+        if self.rollout_log is None:
+            return {}
+        return self.rollout_log.write(step, rollouts, rows, advantages)
 
     def sync_weights(self) -> None:
         """Give rank 0's engine the new policy, gathered one parameter at a time in the
@@ -174,7 +183,7 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
     if checkpoint is not None:
         state = load_training_state(checkpoint, model, optimizer, scheduler)
         sampler.load_state_dict(state.sampler)
-    tokenizer = engine = runner = None
+    tokenizer = engine = runner = rollout_log = None
     writers: Any = MultiWriter([])
     if is_main:
         tokenizer = load_tokenizer(model_dir)
@@ -185,6 +194,8 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
         writers = build_writers(run_dir, config.train.num_steps, config.log.live,
                                 config.log.tensorboard,
                                 resume_step=state.step if resume else None)
+        rollout_log = build_rollout_log(config, run_dir, tokenizer,
+                                        resume_step=state.step if resume else None)
     args = model.config
     cost = CostModel.from_model_args(
         args.hidden_size, args.num_hidden_layers, args.intermediate_size, args.vocab_size,
@@ -193,7 +204,8 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
                tokenizer_dir=model_dir, engine=engine, runner=runner, sampler=sampler,
                optimizer=optimizer, scheduler=scheduler, writers=writers, state=state,
                plan=plan_batches(config), cost=cost, timeouts=limits, compute_dtype=compute,
-               process_group=group, reference=reference)
+               process_group=group, reference=reference,
+               rollout_log=rollout_log)
 
 
 def _model_folders(config: Config, run_dir: Path, resume: bool
@@ -299,6 +311,16 @@ def build_runner(config: Config, engine: Any, tokenizer: Any,
     from agentrl.rollout.runner import RolloutRunner
 
     return RolloutRunner(config, engine, tokenizer, sampler)
+
+
+def build_rollout_log(config: Config, run_dir: Path, tokenizer: Any,
+                      resume_step: int | None) -> Any:
+    """The writer of sampled rollout transcripts (``RUN_DIR/rollouts/``)."""
+    from agentrl.transcripts.store import RolloutSampleWriter
+
+    log = config.log
+    return RolloutSampleWriter(run_dir, tokenizer, log.rollouts_every,
+                               log.rollouts_random_per_env, config.train.seed, resume_step)
 
 
 def write_run_config(config: Config, run_dir: Path) -> None:

@@ -98,6 +98,7 @@ def train_step(run: Run, step: int) -> dict[str, Any]:
         advantages = compute_advantages(
             rows, run.config.advantage.estimator, run.config.advantage.scale_by_std
         )
+        sample_figures = run.write_rollout_sample(step, rollouts, rows, advantages)
     with timer("train"):
         updates, figures = run_updates(run, rows, advantages)
     with timer("sync"):
@@ -111,6 +112,7 @@ def train_step(run: Run, step: int) -> dict[str, Any]:
     metrics.update(figures)
     metrics.update(collection_figures(collection.dropped, collection.num_rounds,
                                       collection.fallback_groups))
+    metrics.update(sample_figures)
     metrics.update(cumulative(run.state))
     metrics.update({f"time/{phase}": s for phase, s in timer.seconds.items()})
     return metrics

@@ -131,3 +131,10 @@ def test_deterministic_mode_needs_the_torch_engine():
     with pytest.raises(ConfigError, match='train.deterministic = true needs rollout.engine = '
                        '"torch"'):
         make(train={"deterministic": True}, rollout={"engine": "vllm"})
+
+
+@pytest.mark.parametrize("key", ["rollouts_every", "rollouts_random_per_env"])
+def test_negative_rollout_sampling_is_refused(key):
+    with pytest.raises(ConfigError, match=f"log.{key} = -1 is out of range"):
+        make(log={key: -1})
+    assert getattr(make(log={key: 0}).log, key) == 0  # 0 disables

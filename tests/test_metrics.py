@@ -25,3 +25,23 @@ def test_counts_by_hand():
     assert flat["env/x/reward/mean"] == 0.5
     assert flat["env/y/num_invalid_rollouts"] == 1
     assert json.loads(stats.to_json_line())["num_rows"] == 6
+
+
+def test_rows_per_rollout_and_tool_errors_by_kind_per_environment():
+    from agentrl.metrics import rollout_figures
+    from agentrl.types import RolloutStats
+
+    a = rollout("a", "G1", 1.0, num_rows=3, env="x")
+    a.stats = RolloutStats(tool_errors={"malformed_json": 2, "timeout": 1})
+    b = rollout("b", "G1", 0.0, num_rows=1, env="x")
+    b.stats = RolloutStats(tool_errors={"malformed_json": 1})
+    c = rollout("c", "G2", 1.0, num_rows=2, env="y")
+    overall = rollout_figures([a, b, c])
+    assert overall["rows_per_rollout/mean"] == 2.0  # (3 + 1 + 2) / 3
+    assert overall["tool_errors/malformed_json"] == 3.0 and overall["tool_errors/timeout"] == 1.0
+    assert overall["tool_errors"] == 4.0  # the existing total stays
+    x = rollout_figures([a, b], "env/x/")
+    assert x["env/x/rows_per_rollout/mean"] == 2.0 and x["env/x/tool_errors/timeout"] == 1.0
+    y = rollout_figures([c], "env/y/")
+    assert y["env/y/rows_per_rollout/mean"] == 2.0
+    assert not any("/tool_errors/" in key for key in y)  # no kind occurred: nothing logged

@@ -1,9 +1,12 @@
 """``agentrl report RUN_DIR [RUN_DIR ...]``: learning curves of runs side by side, as a PNG.
 
-Validation accuracy (and training reward) against four budgets — cumulative rollouts,
-sampled tokens, optimizer updates, active phase time — so runs with different batch
-shapes compare on what they spent. With ``--target X`` each run's time-to-target bracket
-is printed and drawn: the first validation at or above X and the one before it.
+Validation accuracy (when logged) and training reward against four budgets — cumulative
+rollouts, sampled tokens, optimizer updates, active phase time — so runs with different
+batch shapes compare on what they spent. With ``--target X`` each run's time-to-target bracket
+is printed and drawn: the first validation at or above X and the one before it. Below
+them, the agent side against steps (:mod:`agentrl.panels`): compactions and rows per
+rollout, turns, truncation and its reasons, tool errors by kind, invalid rollouts by
+reason, overall and per environment, each panel only when it was logged.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 HELP = "Plot validation accuracy and reward of one or more runs against rollouts, tokens, " \
-       "updates and time; report time-to-target."
+       "updates and time, and the agent side (compaction, rows, turns, truncation, tool " \
+       "errors, invalid rollouts) per environment; report time-to-target."
 
 X_AXES = (
     ("cumulative/rollouts", "rollouts"),
@@ -118,14 +122,9 @@ def _where(record: dict[str, Any] | None) -> str:
 
 def _envs(records: list[dict[str, Any]]) -> list[str]:
     """Environments that appear anywhere in a run's metrics."""
-    from agentrl.metric_writers import env_names
+    from agentrl.panels import all_keys, env_names
 
-    names: set[str] = set()
-    for record in records:
-        names.update(env_names(record))
-        names.update(k.split("/")[1] for k in record if k.startswith("eval/")
-                     and k.endswith("/accuracy") and k.count("/") == 2)
-    return sorted(names)
+    return env_names(all_keys([records]))
 
 
 def smoothed(records: list[dict[str, Any]], key: str, window: int) -> list[dict[str, Any]]:
@@ -140,37 +139,78 @@ def smoothed(records: list[dict[str, Any]], key: str, window: int) -> list[dict[
 
 def plot_runs(runs: dict[str, list[dict[str, Any]]], metric: str, target: float | None,
               out: str | Path, smooth: int = 5) -> None:
-    """Two rows (validation, training reward) × four budgets; per run, the overall curve
-    (solid) and one curve per environment (dashed): mixes learn unevenly."""
+    """Draw :func:`build_figure` into a PNG file."""
+    import matplotlib.pyplot as plt
+
+    fig = build_figure(runs, metric, target, smooth)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def build_figure(runs: dict[str, list[dict[str, Any]]], metric: str, target: float | None,
+                 smooth: int = 5) -> Any:
+    """Validation (when logged) and training reward × four budgets; per run, the overall
+    curve (solid) and one per environment (dashed): mixes learn unevenly. Then the
+    agent-side panels against steps (compaction, rows, turns, truncation, tool errors,
+    invalid rollouts), only those logged. Every axis with lines has a legend; none is
+    left empty."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(X_AXES), figsize=(4.2 * len(X_AXES), 7), squeeze=False)
-    for col, (x_key, x_label) in enumerate(X_AXES):
-        for name, records in runs.items():
-            _plot_metric(axes[0][col], records, x_key, metric, name, target)
-            _plot_metric(axes[1][col], smoothed(records, "reward/mean", smooth), x_key,
-                         "reward/mean", name, None)
-            for env in _envs(records):
-                label = f"{name} · {env}"
-                _plot_metric(axes[0][col], records, x_key, f"eval/{env}/accuracy", label,
-                             None, dashed=True)
-                key = f"env/{env}/reward/mean"
-                _plot_metric(axes[1][col], smoothed(records, key, smooth), x_key, key, label,
-                             None, dashed=True)
-        axes[0][col].set_title(f"{metric} vs {x_label}", fontsize=9)
-        axes[1][col].set_title(f"training reward ({smooth}-step mean) vs {x_label}",
-                               fontsize=9)
-        axes[1][col].set_xlabel(x_label)
-        if target is not None:
-            axes[0][col].axhline(target, color="grey", linestyle=":", linewidth=1)
-    axes[0][0].legend(fontsize=7)
+    from agentrl.panels import agent_panels, all_keys, draw
+
+    has_eval = any(k == metric or (k.startswith("eval/") and k.endswith("/accuracy"))
+                   for k in all_keys(runs.values()))
+    budget_rows = (["eval"] if has_eval else []) + ["reward"]
+    panels = agent_panels(all_keys(runs.values()))
+    ncols = len(X_AXES)
+    nrows = len(budget_rows) + -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.5 * nrows), squeeze=False)
+    for row, kind in enumerate(budget_rows):
+        for col, (x_key, x_label) in enumerate(X_AXES):
+            ax = axes[row][col]
+            if kind == "eval":
+                _plot_validation(ax, runs, x_key, metric, target)
+                ax.set_title(f"{metric} vs {x_label}", fontsize=9)
+            else:
+                _plot_reward(ax, runs, x_key, smooth)
+                ax.set_title(f"training reward ({smooth}-step mean) vs {x_label}", fontsize=9)
+            ax.set_xlabel(x_label)
+            if ax.lines:
+                ax.legend(fontsize=7)
+    cells = [axes[r][c] for r in range(len(budget_rows), nrows) for c in range(ncols)]
+    for ax, panel in zip(cells, panels, strict=False):
+        draw(ax, panel, runs)
+    for ax in axes.flat:
+        if not ax.lines:  # nothing logged for this cell: no empty axis in the figure
+            fig.delaxes(ax)
     fig.tight_layout()
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def _plot_validation(ax: Any, runs: dict[str, list[dict[str, Any]]], x_key: str, metric: str,
+                     target: float | None) -> None:
+    for name, records in runs.items():
+        _plot_metric(ax, records, x_key, metric, name, target)
+        for env in _envs(records):
+            _plot_metric(ax, records, x_key, f"eval/{env}/accuracy", f"{name} · {env}", None,
+                         dashed=True)
+    if target is not None and ax.lines:
+        ax.axhline(target, color="grey", linestyle=":", linewidth=1, label=f"target {target}")
+
+
+def _plot_reward(ax: Any, runs: dict[str, list[dict[str, Any]]], x_key: str,
+                 smooth: int) -> None:
+    for name, records in runs.items():
+        _plot_metric(ax, smoothed(records, "reward/mean", smooth), x_key, "reward/mean", name,
+                     None)
+        for env in _envs(records):
+            key = f"env/{env}/reward/mean"
+            _plot_metric(ax, smoothed(records, key, smooth), x_key, key, f"{name} · {env}",
+                         None, dashed=True)
 
 
 def _plot_metric(ax: Any, records: list[dict[str, Any]], x_key: str, y_key: str, name: str,

@@ -1,0 +1,174 @@
+"""One rollout as a transcript record: every row's tokens decoded into turns, with the
+figures that explain its training signal (reward, per-row advantage, validity, truncation).
+
+A row's tokens are its prompt (what the engine received when the row started: for rows
+after the first, the compacted context), then alternating generated spans (the
+assistant's turns, ``loss_mask`` 1) and observation spans (what the environment and the
+template appended). Each span is decoded with the run's tokenizer and split into chat
+messages by :mod:`agentrl.transcripts.chat_text`.
+
+Fields that other parts of agentrl may add later (a truncation reason, a named invalid
+reason, per-token policy versions) are read with defaults, so a record is written
+whichever of them the rollout carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from agentrl.transcripts.chat_text import (
+    ChatMessage,
+    assistant_message,
+    is_summary_request,
+    split_messages,
+)
+from agentrl.types import Rollout, Segment
+
+
+class Span(msgspec.Struct, omit_defaults=True):
+    """A stretch of a row from one source: "prompt", "generated" or "observation"."""
+
+    source: str
+    num_tokens: int
+    messages: list[ChatMessage] = []
+    summary: bool = False
+    """A generated span that answers the compaction summary request."""
+    policy_versions: list[int] = []
+    """Policy versions that generated this span's tokens (when recorded)."""
+
+
+class RowRecord(msgspec.Struct, omit_defaults=True):
+    """One row (segment) of a rollout as trained, with its advantage."""
+
+    index: int
+    """0 for the first row; a row > 0 starts from a compacted context."""
+    advantage: float
+    """The advantage the trainer put on every generated token of this row."""
+    num_tokens: int
+    num_prompt_tokens: int
+    num_generated_tokens: int
+    valid: bool = True
+    spans: list[Span] = []
+    policy_versions: list[int] = []
+
+
+class RolloutRecord(msgspec.Struct, omit_defaults=True):
+    """A sampled rollout, one JSON line in ``RUN_DIR/rollouts/step_NNNNNN.jsonl``."""
+
+    step: int
+    env: str
+    rollout_id: str
+    group_id: str
+    selection: str
+    """Why it was sampled: "best", "worst" or "random" (within its environment)."""
+    reward: float
+    valid: bool
+    num_turns: int
+    num_compactions: int
+    num_rows: int
+    num_tokens: int
+    num_generated_tokens: int
+    invalid_reason: str | None = None
+    truncated: bool = False
+    truncation_reason: str | None = None
+    tool_errors: dict[str, int] = {}
+    reward_components: dict[str, float] = {}
+    policy_versions: list[int] = []
+    rows: list[RowRecord] = []
+
+
+def build_record(
+    rollout: Rollout, row_advantages: Mapping[int, float], tokenizer: Any, step: int,
+    selection: str, rows_of: Mapping[int, Any] | None = None,
+) -> RolloutRecord:
+    """The transcript of one rollout; ``row_advantages``: segment index → advantage, as
+    the trainer computed them (never recomputed here). ``rows_of``: segment index → the
+    trained Row, read for policy versions when the segment does not carry them."""
+    stats = rollout.stats
+    rows = [
+        _row_record(index, segment, row_advantages.get(index, 0.0), tokenizer,
+                    (rows_of or {}).get(index))
+        for index, segment in enumerate(rollout.segments)
+    ]
+    return RolloutRecord(
+        step=step, env=rollout.env, rollout_id=rollout.rollout_id, group_id=rollout.group_id,
+        selection=selection, reward=float(rollout.reward), valid=rollout.trainable,
+        num_turns=stats.num_turns, num_compactions=stats.num_compactions,
+        num_rows=len(rows), num_tokens=sum(r.num_tokens for r in rows),
+        num_generated_tokens=rollout.num_generated_tokens,
+        invalid_reason=invalid_reason(rollout), truncated=stats.truncated,
+        truncation_reason=getattr(stats, "truncation_reason", None),
+        tool_errors=dict(stats.tool_errors), reward_components=dict(rollout.reward_components),
+        policy_versions=sorted({v for r in rows for v in r.policy_versions}), rows=rows,
+    )
+
+
+def invalid_reason(rollout: Rollout) -> str | None:
+    """Why a rollout is masked: its named reason or error, or a bad segment; None if valid."""
+    stats = rollout.stats
+    for holder, name in ((stats, "invalid_reason"), (rollout, "invalid_reason"),
+                         (stats, "error")):
+        reason = getattr(holder, name, None)
+        if reason:
+            return str(reason)
+    if not rollout.trainable:
+        bad = [i for i, s in enumerate(rollout.segments) if not s.valid]
+        return f"row(s) {bad} marked invalid" if bad else "marked invalid"
+    return None
+
+
+def policy_versions(holder: Any, start: int | None = None, end: int | None = None) -> list[int]:
+    """Distinct policy versions recorded on a segment (one per token, or one for all);
+    [] when none is recorded. ``start:end`` narrows per-token versions to a span."""
+    for name in ("policy_versions", "policy_version"):
+        value = getattr(holder, name, None)
+        if value is None:
+            continue
+        if isinstance(value, int):
+            return [value]
+        values = list(value)
+        if len(values) == len(holder.token_ids):
+            values = values[start:end]
+        return sorted({int(v) for v in values if v is not None and v >= 0})
+    return []
+
+
+def _row_record(index: int, segment: Segment, advantage: float, tokenizer: Any,
+                row: Any = None) -> RowRecord:
+    versioned = row if row is not None and not policy_versions(segment) and \
+        policy_versions(row) else segment
+    spans = []
+    previous: Span | None = None
+    for source, start, end in _spans(segment):
+        text = tokenizer.decode(segment.token_ids[start:end])
+        if source == "generated":
+            messages = [assistant_message(text)]
+            versions = policy_versions(versioned, start, end)
+        else:
+            messages, versions = split_messages(text), []
+        summary = (source == "generated" and previous is not None
+                   and previous.source == "observation"
+                   and is_summary_request(previous.messages))
+        previous = Span(source, end - start, messages, summary, versions)
+        spans.append(previous)
+    return RowRecord(
+        index=index, advantage=float(advantage), num_tokens=len(segment.token_ids),
+        num_prompt_tokens=segment.num_prompt_tokens,
+        num_generated_tokens=segment.num_generated_tokens, valid=segment.valid, spans=spans,
+        policy_versions=policy_versions(versioned),
+    )
+
+
+def _spans(segment: Segment) -> list[tuple[str, int, int]]:
+    """(source, start, end) of the prompt and of each run of generated / observation tokens."""
+    out = [("prompt", 0, segment.num_prompt_tokens)] if segment.num_prompt_tokens else []
+    mask = segment.loss_mask
+    start = segment.num_prompt_tokens
+    for i in range(start + 1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            out.append(("generated" if mask[start] else "observation", start, i))
+            start = i
+    return out

@@ -1,0 +1,82 @@
+"""`agentrl report`: agent-side panels per environment, no empty axes, a legend on every
+axis with lines; checked on the matplotlib figure objects of a real run's metrics."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pytest
+
+from agentrl.cli import main
+from agentrl.commands.report import build_figure
+from agentrl.metric_writers import read_metrics
+from agentrl.panels import agent_panels, all_keys
+
+AGENT_TITLES = ["compactions per rollout", "rows per rollout", "turns per rollout",
+                "truncated share of rollouts", "invalid share of rollouts",
+                "tool errors by kind"]
+
+
+def without_validation(records):
+    return [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in records
+            if any(not k.startswith(("eval/", "time/eval")) and k != "step" for k in r)]
+
+
+def check_axes(fig) -> list[str]:
+    """Every axis has lines and a legend; returns the titles."""
+    for ax in fig.axes:
+        assert ax.lines, f"empty axis {ax.get_title()!r}"
+        legend = ax.get_legend()
+        assert legend is not None, f"no legend on {ax.get_title()!r}"
+        assert len(legend.get_texts()) == len([ln for ln in ax.lines
+                                               if not ln.get_label().startswith("_")])
+    return [ax.get_title() for ax in fig.axes]
+
+
+@pytest.mark.parametrize("validation", [True, False])
+def test_report_has_no_empty_axes_and_a_legend_everywhere(sampled_run, validation) -> None:
+    records = read_metrics(sampled_run)
+    if not validation:
+        records = without_validation(records)
+    fig = build_figure({"run": records}, "eval/accuracy", 0.5, smooth=2)
+    titles = check_axes(fig)
+    plt.close(fig)
+    validation_axes = [t for t in titles if t.startswith("eval/accuracy vs")]
+    assert len(validation_axes) == (4 if validation else 0)
+    assert len([t for t in titles if t.startswith("training reward")]) == 4
+    assert [t for t in titles if t in AGENT_TITLES] == AGENT_TITLES
+    assert len(titles) == (14 if validation else 10)
+
+
+def test_agent_panels_draw_each_environment_and_every_reason(sampled_run) -> None:
+    records = read_metrics(sampled_run)
+    extra = {"truncated/context_budget": 1.0, "env/longtool/truncated/context_budget": 1.0,
+             "invalid/bad_reward": 2.0, "env/short/invalid/bad_reward": 2.0}
+    records = [{**r, **extra} if r["step"] > 0 else r for r in records]
+    fig = build_figure({"a": records, "b": records}, "eval/accuracy", None)
+    check_axes(fig)
+    by_title = {ax.get_title(): ax for ax in fig.axes}
+    labels = [t.get_text() for t in by_title["rows per rollout"].get_legend().get_texts()]
+    assert labels == ["a · all", "a · longtool", "a · short", "b · all", "b · longtool",
+                      "b · short"]
+    truncation = [t.get_text() for t in
+                  by_title["truncated rollouts by reason"].get_legend().get_texts()]
+    assert truncation == ["a · context_budget", "a · longtool · context_budget",
+                          "b · context_budget", "b · longtool · context_budget"]
+    invalid = by_title["invalid rollouts by reason"]
+    assert [ln.get_ydata().tolist() for ln in invalid.lines] == [[2.0, 2.0]] * 4
+    tool_errors = by_title["tool errors by kind"]
+    assert tool_errors.lines[0].get_ydata().tolist() == [4.0, 4.0]  # 4 longtool rollouts
+    plt.close(fig)
+
+
+def test_panels_not_logged_are_left_out() -> None:
+    keys = all_keys([[{"step": 1, "num_turns/mean": 2.0, "env/a/num_turns/mean": 2.0,
+                       "tool_errors": 0.0, "env/a/truncation_rate": None}]])
+    assert [(p.title, [s.label for s in p.series]) for p in agent_panels(keys)] == [
+        ("turns per rollout", ["all", "a"])]
+
+
+def test_report_command_writes_the_png(sampled_run, tmp_path) -> None:
+    out = tmp_path / "report.png"
+    assert main(["report", str(sampled_run), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
