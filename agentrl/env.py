@@ -49,7 +49,7 @@ import msgspec
 import numpy as np
 from gymnasium import spaces
 
-from agentrl.tools import PARSERS, ToolCallParser, collect_tools, run_call
+from agentrl.tools import MAX_OUTPUT_CHARS, PARSERS, ToolCallParser, collect_tools, run_call
 from agentrl.types import Message
 
 SPLITS = ("train", "eval")
@@ -152,6 +152,8 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
     tool_timeout_s: float = 10.0
     """Seconds one tool call may take (a ``@tool(timeout_s=...)`` overrides it)."""
     max_tool_calls_per_turn: int = 8
+    max_tool_output_chars: int = MAX_OUTPUT_CHARS
+    """Characters of one tool message; longer output is cut with a marker the model sees."""
     eval_fraction: float = 0.1
     """Share of task keys held out for the eval split."""
 
@@ -259,7 +261,8 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
                     "tool", f"Error (too_many_calls): only {self.max_tool_calls_per_turn} "
                     "tool calls run per turn; the rest were skipped", "error"))
                 break
-            outcome = run_call(self.tools, call, self.tool_timeout_s)
+            outcome = run_call(self.tools, call, self.tool_timeout_s,
+                               self.max_tool_output_chars)
             if outcome.error is not None:
                 errors[outcome.error] += 1
             observation.append(outcome.message)
