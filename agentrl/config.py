@@ -119,6 +119,10 @@ class RolloutConfig(_Section):
     max_extra_collections: int = 4
     """With filter_uniform_groups: extra collection rounds before falling back to
     training on what was kept (with a warning)."""
+    max_observation_chars: int = 100_000
+    """Characters of content one reset or step may return (all its messages together). An
+    environment that returns more breaks its contract: that rollout is invalid
+    (``bad_observation``). Tools of an AgentEnv are cut well below it, with a marker."""
 
 
 class CompactionConfig(_Section):

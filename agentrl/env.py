@@ -21,14 +21,22 @@ The contract the rollout runner relies on
 - ``info["reward_components"]``: dict name -> float, named parts of the reward for
   logging only (they need not sum to the reward); empty until the final step.
 - ``info["num_tool_calls"]``: calls attempted in this step.
-- Blocking: ``step`` may block (tools, subprocesses). The runner always awaits
-  ``env.astep(action)`` under its per-step timeout (``rollout.step_timeout_s``). The
-  default ``astep`` runs ``step`` in a worker thread (``asyncio.to_thread``); an
-  environment with native async I/O overrides ``astep``. A step that timed out may still
-  be running in its thread, so the runner must drop that env instance (mark the rollout
-  invalid) instead of stepping it again.
-- An env instance is stateful: one instance per concurrent rollout. ``reset`` is cheap
-  and synchronous.
+- Blocking: ``step`` may block (tools, subprocesses). The runner calls the constructor,
+  ``reset``, ``tool_schemas``, ``step`` and ``close`` each under the deadline
+  ``rollout.step_timeout_s`` (see :mod:`agentrl.rollout.env_guard`): on its own thread
+  (``isolation = "thread"``, the default; an environment with native async I/O overrides
+  ``astep``, which is then awaited instead) or in a worker process
+  (``isolation = "process"``). A call that timed out may still be running, so the runner
+  drops that instance (the rollout is invalid) and closes it once the call returns.
+- Checked on every call (:mod:`agentrl.rollout.env_contract`): ``reset`` returns a
+  2-tuple with a non-empty message list; ``step`` a 5-tuple whose reward is a finite real
+  number (inside ``reward_range`` when declared), ``terminated``/``truncated`` bools;
+  observations are lists of ``Message`` with ``str`` content that encodes as UTF-8, at
+  most ``rollout.max_observation_chars`` characters per call; ``info`` is a dict. A
+  violation invalidates that rollout with a message naming the environment, the method
+  and the expected type; it never stops the run (unless most rollouts of an environment
+  fail: ``train.max_invalid_fraction``).
+- An env instance is stateful: one instance per concurrent rollout.
 - ``tool_schemas()``: OpenAI-style function schemas of the ``@tool`` methods, for the
   chat template's ``tools`` argument.
 
@@ -156,6 +164,15 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
     """Characters of one tool message; longer output is cut with a marker the model sees."""
     eval_fraction: float = 0.1
     """Share of task keys held out for the eval split."""
+    isolation: str = "thread"
+    """Where the runner keeps each instance: "thread" (in the trainer's process; each call
+    on its own thread, cut off at ``rollout.step_timeout_s``) or "process" (a worker
+    process killed at the deadline, whatever the code does). Choose "process" when a step
+    can hold the GIL for long (C extensions, big regexes on model text): in-process, such
+    a step freezes every other rollout until it returns."""
+    reward_range: tuple[float, float] | None = None
+    """Declared bounds of one step's reward; a step reward outside them invalidates the
+    rollout (``bad_reward``). None: any finite float."""
 
     def __init__(self, *, max_turns: int | None = None, render_mode: str | None = None,
                  parser: str | ToolCallParser = "hermes"):
