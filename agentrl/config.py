@@ -171,6 +171,10 @@ class TrainConfig(_Section):
     num_ranks: int = 1
     """Data-parallel ranks: `agentrl train` spawns one process per rank; rank 0 generates
     and broadcasts the rollouts, every rank trains on its share of the rows."""
+    max_invalid_fraction: float = 0.5
+    """Stop the run when more than this share of an environment's recent rollouts are
+    invalid (judged over its newest steps holding at least 16 of its rollouts, kept or
+    dropped; see ``agentrl.rollout.health``). In [0, 1]; 1.0 never stops."""
 
 
 class LogConfig(_Section):
@@ -300,6 +304,7 @@ def validate(config: Config) -> None:
     check_loss(config.loss)
     check_environments(config)
     check_positive(config)
+    check_robustness(config)
     from agentrl.accounting import plan_batches
 
     plan_batches(config)  # raises ConfigError when the batch knobs do not divide
@@ -320,6 +325,16 @@ def check_loss(loss: LossConfig) -> None:
         "is not a known aggregation"
     )
     raise ConfigError(f'loss.aggregation = "{loss.aggregation}" {kind}; {why}')
+
+
+def check_robustness(config: Config) -> None:
+    """The bounds that keep a broken environment from stopping (or silently poisoning) a run."""
+    if not 0.0 <= config.train.max_invalid_fraction <= 1.0:
+        raise ConfigError(f"train.max_invalid_fraction is {config.train.max_invalid_fraction}; "
+                          "it must be in [0, 1] (1.0 never stops the run)")
+    if config.rollout.max_observation_chars < 1:
+        raise ConfigError(f"rollout.max_observation_chars is "
+                          f"{config.rollout.max_observation_chars}; it must be >= 1")
 
 
 def check_positive(config: Config) -> None:

@@ -7,6 +7,7 @@ With ``train.num_ranks > 1`` the command spawns one process per data-parallel ra
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,13 @@ def run(args: argparse.Namespace) -> int:
             mp.spawn(_train_rank, args=(num_ranks, init, config, out, args.resume),
                      nprocs=num_ranks, join=True)
     else:
-        _train_rank(0, 1, None, config, out, args.resume)
+        from agentrl.rollout.health import RunStopped
+
+        try:
+            _train_rank(0, 1, None, config, out, args.resume)
+        except RunStopped as exc:
+            print(f"stopped: {exc}", file=sys.stderr)
+            return 3
     return 0
 
 

@@ -327,9 +327,12 @@ class ProcessCaller:
             return name in self._attributes
         return self._attributes.get(name)
 
-    async def call(self, method: str, args: tuple, kwargs: dict, timeout_s: float) -> Any:
-        """``env.method(*args, **kwargs)`` in the worker under the deadline."""
-        what = method
+    async def call(self, method: str | Callable, args: tuple, kwargs: dict, timeout_s: float,
+                   what: str | None = None) -> Any:
+        """``env.method(*args, **kwargs)`` in the worker under the deadline (a top-level
+        function is called as ``method(env, *args, **kwargs)``); ``what``: the method the
+        failure kinds name (default: ``method``)."""
+        what = what or str(method)
         if self.process is None:
             raise EnvError(f"{what}_raised", f"env {self.name!r}: its worker process is gone")
         try:

@@ -7,7 +7,8 @@ loop and kills the worker (SIGKILL) when the deadline passes.
 
 Protocol over one ``multiprocessing`` pipe: the worker sends ``("started",)``, builds the
 environment with the pickled factory and answers ``("ok", attributes)``; then for each request
-``(method, args, kwargs)`` it answers ``("ok", value)`` or
+``(method, args, kwargs)`` (a method name, or a top-level function called with the
+environment first) it answers ``("ok", value)`` or
 ``("raised", type_name, message, traceback)``; ``close`` is the last request. Workers are
 forked from a ``forkserver`` (a clean interpreter, never a fork of the multi-threaded
 trainer) and die with it, and so with the trainer.
@@ -15,6 +16,7 @@ trainer) and die with it, and so with the trainer.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import multiprocessing.connection
 import traceback
@@ -23,8 +25,11 @@ from typing import Any
 
 from agentrl.text import clip
 
-PRELOAD = ["agentrl.rollout.env_worker", "agentrl.registry", "agentrl.rollout.env_contract"]
-"""Modules the forkserver imports once, so each worker starts in milliseconds."""
+PRELOAD = ["__main__", "agentrl.rollout.env_worker", "agentrl.registry",
+           "agentrl.rollout.env_contract"]
+"""Modules the forkserver imports once, so each worker starts in milliseconds. As with any
+forkserver or spawn process, the program's main module is imported (once, in the
+forkserver, not run: keep a script's work under ``if __name__ == "__main__":``)."""
 ATTRIBUTES = ("reward_range", "tool_schemas", "close")
 """Attributes the parent reads once, sent with the answer to construction (a method is
 sent as None: only its presence matters)."""
@@ -57,7 +62,9 @@ def worker_main(conn: multiprocessing.connection.Connection, factory: Callable[[
         except (EOFError, OSError):  # the parent is gone
             return
         try:
-            reply = ("ok", getattr(env, method)(*args, **kwargs))
+            fn = getattr(env, method) if isinstance(method, str) else functools.partial(method,
+                                                                                       env)
+            reply = ("ok", fn(*args, **kwargs))
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             reply = _failure(exc)
         _send(conn, reply)
