@@ -198,7 +198,9 @@ def run_updates(
             skipped += 1
             warnings.warn(f"step {run.state.step + 1}, update {index + 1} of {len(batches)}: "
                           f"{why}; skipped, the weights are unchanged", stacklevel=2)
-        run.scheduler.step()
+        with warnings.catch_warnings():  # the schedule counts updates, skipped ones too
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+            run.scheduler.step()
         run.state.num_updates += 1
     finite = [n for n in norms if math.isfinite(n)]
     figures["optim/grad_norm"] = float(np.mean(finite)) if finite else float("nan")

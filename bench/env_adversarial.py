@@ -2,7 +2,8 @@
 
     python bench/env_adversarial.py [--deadline 5] [--envs Countdown,GSM8K]
 
-Each (environment, text) case runs ``reset(seed=0)`` then ``step(text)`` in a forked
+The texts are ``agentrl.adversarial.cases()``, with tool calls naming each environment's
+own tool. Each (environment, text) case runs ``reset(seed=0)`` then ``step(text)`` in a forked
 child, so a case that holds the GIL or never returns is measured without stalling the
 others: past ``--deadline`` seconds the child is killed and the case counts as a hang.
 Prints, per environment, the exceptions that escaped ``step()``, the hangs, the
@@ -13,66 +14,16 @@ then the worst step time and its case. Timings are wall-clock on a shared machin
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import multiprocessing as mp
 import time
 from typing import Any
 
+from agentrl.adversarial import cases
+
 ENVS = ("Countdown", "GSM8K", "Calculator", "KVStore", "Python")
-
-
-def _call(name: str, arguments: Any) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
-
-
-def cases() -> dict[str, str]:
-    """Named adversarial texts (the shapes from issue #13 and their relatives)."""
-    huge_digits = "9" * 400
-    return {
-        "16k spaces": " " * 16_000,
-        "32k spaces": " " * 32_000,
-        "32k ideographic spaces": "\u3000" * 32_000,
-        "minus then 32k spaces": "-" + " " * 32_000 + "x",
-        "dollar then 32k spaces": "$" + " " * 32_000 + "x",
-        "128k nested <answer>": "<answer>" * 16_000,
-        "nested <answer> closed": "<answer>" * 16_000 + "1</answer>",
-        "<answer> 400 digits": f"<answer>{huge_digits}</answer>",
-        "400 digits": huge_digits,
-        "40k digits": "9" * 40_000,
-        "1e999 in answer": "<answer>1e999</answer>",
-        "huge decimal": "<answer>0." + "9" * 5000 + "</answer>",
-        "9**9**9": "9**9**9",
-        "tagged 9**9**9": "<answer>9**9**9</answer>",
-        "30k ####": "####" * 30_000,
-        "20k \\boxed{": "\\boxed{" * 20_000,
-        "answer is x10k": "the answer is " * 10_000,
-        "commas 100k": "1," * 50_000,
-        "lone surrogate": "\ud800",
-        "surrogate answer": "<answer>\udfff42</answer>",
-        "deep json": "<tool_call>" + "[" * 100_000 + "</tool_call>",
-        "deep json object": '<tool_call>{"name": "calculate", "arguments": '
-                            + '{"a": ' * 50_000 + "</tool_call>",
-        "bad json": "<tool_call>{name: calculate}</tool_call>",
-        "unclosed call": "<tool_call>" * 10_000,
-        "many calls": _call("calculate", {"expression": "1+1"}) * 2_000,
-        "surrogate in args": '<tool_call>{"name": "calculate", "arguments": '
-                             '{"expression": "\\ud800"}}</tool_call>',
-        "surrogate lookup": '<tool_call>{"name": "lookup", "arguments": '
-                            '{"key": "\\ud800"}}</tool_call>',
-        "1e999 expression": _call("calculate", {"expression": "1e999 * 2"}),
-        "huge product": _call("calculate", {"expression": "*".join(["9" * 20] * 14)}),
-        "huge tool name": _call("x" * 100_000, {}),
-        "huge expression": _call("calculate", {"expression": "1+" * 50_000 + "1"}),
-        "nested parens": _call("calculate", {"expression": "(" * 200 + "1" + ")" * 200}),
-        "args 1e400": '<tool_call>{"name": "calculate", "arguments": '
-                      '{"expression": 1e400}}</tool_call>',
-        "big int json": '<tool_call>{"name": "calculate", "arguments": {"expression": '
-                        + "9" * 5000 + "}}</tool_call>",
-        "double encoded deep": '<tool_call>{"name": "lookup", "arguments": "'
-                               + "[" * 50_000 + '"}</tool_call>',
-        "many unknown args": _call("lookup", {f"k{i}": i for i in range(5_000)}),
-    }
+TOOLS = {"Calculator": ("calculate", "expression"), "KVStore": ("lookup", "key"),
+         "Python": ("run_python", "code")}
 
 
 def run_case(env_id: str, text: str, conn: Any) -> None:
@@ -130,7 +81,7 @@ def main() -> None:
     worst = (0.0, "")
     for name in args.envs.split(","):
         env_id = f"agentrl/{name}-v0"
-        for case, text in cases().items():
+        for case, text in cases(*TOOLS.get(name, ("calculate", "expression"))).items():
             outcome, seconds, detail = measure(env_id, text, args.deadline)
             total["cases"] += 1
             if outcome != "ok":

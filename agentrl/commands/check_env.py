@@ -1,6 +1,7 @@
-"""``agentrl check-env ID_OR_MODULE:CLASS``: Gymnasium's checker plus scripted rollouts.
+"""``agentrl check-env ID_OR_MODULE:CLASS``: scripted rollouts plus Gymnasium's checker.
 
-Prints the tools offered (schemas), then for each episode the transcript and the reward.
+Prints the tools offered (schemas), then for each episode the transcript and the reward,
+then the result of Gymnasium's ``check_env``.
 Actions come from ``--actions FILE`` (a JSON list of strings, or plain text with actions
 separated by lines holding only ``---``), else the environment's ``scripted_action``
 policy when it has one, else random text from the action space.
@@ -10,8 +11,10 @@ containment (:class:`agentrl.rollout.env_guard.GuardedEnv`): each call has a dea
 (``--timeout``), an episode at most ``--max-steps`` steps, and what ``reset``/``step``
 return is checked by the same code as in training, so a violation is reported in the
 same words (``env 'x': step() returned reward 'high' (str); expected a finite float``).
-Exit status: 0 all good, 1 a check failed or the environment broke its contract, 2 the
-environment could not be found.
+``--adversarial`` also sends every text of :mod:`agentrl.adversarial` (huge, nested,
+surrogates, malformed tool calls naming the environment's first tool) as one step of a
+fresh instance and reports what broke. Exit status: 0 all good, 1 a check failed or the
+environment broke its contract, 2 the environment could not be found.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "Gymnasium's checker gets 3x")
     parser.add_argument("--max-steps", type=int, default=64,
                         help="steps an episode may take before it is reported as endless")
+    parser.add_argument("--adversarial", action="store_true",
+                        help="also step every adversarial text (agentrl.adversarial) once")
     parser.add_argument("--max-observation-chars", type=int,
                         default=RolloutConfig().max_observation_chars,
                         help="characters one reset or step may return (as in training)")
@@ -88,6 +93,16 @@ async def _check(args: argparse.Namespace, factory: Any) -> int:
 async def _check_open(args: argparse.Namespace, env: Any) -> int:
     from agentrl.rollout.env_contract import EnvError
 
+    print("tools offered:")
+    schemas = await env.tool_schemas()
+    print(json.dumps(schemas, indent=2) if schemas else "  (none)")
+    actions = _load_actions(args.actions) if args.actions else None
+    for episode in range(args.episodes):  # the runner's checks first: the same words
+        seed = args.seed + episode
+        reward = await _episode(env, seed, actions, args)
+        if reward is None:
+            return 1
+        print(f"episode {episode} (seed {seed}): reward {reward:g}")
     try:
         failure = await env.caller.call(_gym_check, (), {}, 3 * args.timeout, what="step")
     except EnvError as exc:
@@ -96,17 +111,48 @@ async def _check_open(args: argparse.Namespace, env: Any) -> int:
         print(f"gymnasium check_env: FAILED: {failure}")
         return 1
     print("gymnasium check_env: passed")
-    print("tools offered:")
-    schemas = await env.tool_schemas()
-    print(json.dumps(schemas, indent=2) if schemas else "  (none)")
-    actions = _load_actions(args.actions) if args.actions else None
-    for episode in range(args.episodes):
-        seed = args.seed + episode
-        reward = await _episode(env, seed, actions, args)
-        if reward is None:
-            return 1
-        print(f"episode {episode} (seed {seed}): reward {reward:g}")
+    if args.adversarial:
+        return await _adversarial(args, env.caller.factory, schemas)
     return 0
+
+
+async def _adversarial(args: argparse.Namespace, factory: Any, schemas: list[dict]) -> int:
+    """Each adversarial text as the first step of a fresh instance; 1 when any broke it."""
+    import time
+
+    from agentrl.adversarial import cases
+    from agentrl.rollout.env_contract import EnvError
+    from agentrl.rollout.env_guard import GuardedEnv
+
+    broken, worst = 0, (0.0, "")
+    for case, text in cases(*_first_tool(schemas)).items():
+        start, env = time.perf_counter(), None
+        try:
+            env = await GuardedEnv.open(args.env, factory, args.timeout,
+                                        args.max_observation_chars, isolation="process")
+            await env.reset(args.seed)
+            await env.step(text)
+            await env.close()
+        except EnvError as exc:
+            broken += 1
+            print(f"adversarial {case!r}: {exc.kind}: {exc}")
+            if env is not None:
+                env.caller.kill()
+        worst = max(worst, (time.perf_counter() - start, case))
+    print(f"adversarial texts: {len(cases())}, broke the environment: {broken}; slowest "
+          f"reset + step {worst[0]:.2f} s ({worst[1]!r})")
+    return 1 if broken else 0
+
+
+def _first_tool(schemas: list[dict]) -> tuple[str, str]:
+    """The first tool's name and its first string parameter, for tool-call shapes."""
+    for schema in schemas:
+        function = schema.get("function", {})
+        properties = function.get("parameters", {}).get("properties", {})
+        for name, prop in properties.items():
+            if isinstance(prop, dict) and prop.get("type") == "string":
+                return str(function.get("name")), name
+    return "calculate", "expression"
 
 
 async def _episode(env: Any, seed: int, actions: list[str] | None,

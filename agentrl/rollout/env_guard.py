@@ -305,6 +305,7 @@ class ProcessCaller:
         """Start the worker, which builds the instance with ``factory`` (it must pickle)."""
         from agentrl.rollout import env_worker
 
+        self.factory = factory
         try:
             pickle.dumps(factory)
         except Exception as exc:  # noqa: BLE001 - a lambda or a local class
