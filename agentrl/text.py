@@ -33,8 +33,11 @@ def clip(text: str, max_chars: int, what: str = "text") -> str:
     much was cut, so a reader (the model) knows it did not see everything."""
     if len(text) <= max_chars:
         return text
-    marker = f"\n[... {len(text) - max_chars} more characters of {what} cut]"
-    return text[: max(0, max_chars - len(marker))] + marker
+    kept = max_chars
+    for _ in range(3):  # the marker's length depends on the count it names
+        marker = f"\n[... {len(text) - kept} more characters of {what} cut]"
+        kept = max(0, max_chars - len(marker))
+    return text[:kept] + f"\n[... {len(text) - kept} more characters of {what} cut]"
 
 
 def short_repr(value: object, max_chars: int = 80) -> str:

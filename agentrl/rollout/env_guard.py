@@ -393,7 +393,10 @@ class ProcessCaller:
         try:
             return self.conn.recv()
         except (EOFError, OSError):
-            code = self.process.exitcode if self.process is not None else None
+            code = None
+            if self.process is not None:
+                self.process.join(timeout=1.0)  # the pipe closed: it is exiting; reap it
+                code = self.process.exitcode
             self.kill()
             raise EnvError(f"{what}_raised", f"env {self.name!r}: its worker process died "
                            f"during {_called(what)} (exit code {code})") from None
