@@ -256,7 +256,9 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         return [msgspec.structs.replace(m) for m in observation], 0.0, False, truncated, info
 
     async def astep(self, action: str) -> tuple[list[Message], float, bool, bool, dict]:
-        """``step`` in a worker thread; override for environments with native async I/O."""
+        """``step`` in a worker thread. The runner calls ``step`` on its own thread instead
+        unless a subclass overrides this (native async I/O), which it then awaits under
+        the same deadline."""
         return await asyncio.to_thread(self.step, action)
 
     def render(self) -> str | None:

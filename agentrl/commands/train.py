@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 HELP = "Train a policy with RL on the config's environments (metrics, checkpoints, resume)."
+STOPPED = 3
+"""Exit status when the run stopped itself (``train.max_invalid_fraction``)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,22 +44,21 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out) as rendezvous:
             init = f"file://{Path(rendezvous).resolve()}/init"
-            mp.spawn(_train_rank, args=(num_ranks, init, config, out, args.resume),
-                     nprocs=num_ranks, join=True)
-    else:
-        from agentrl.rollout.health import RunStopped
-
-        try:
-            _train_rank(0, 1, None, config, out, args.resume)
-        except RunStopped as exc:
-            print(f"stopped: {exc}", file=sys.stderr)
-            return 3
-    return 0
+            try:
+                mp.spawn(_train_rank, args=(num_ranks, init, config, out, args.resume),
+                         nprocs=num_ranks, join=True)
+            except mp.ProcessExitedException as exc:
+                if exc.exit_code == STOPPED:  # every rank stopped on the same counts
+                    return STOPPED
+                raise
+        return 0
+    return _train_rank(0, 1, None, config, out, args.resume)
 
 
 def _train_rank(rank: int, num_ranks: int, init: str | None, config: Any, out: Path,
-                resume: bool) -> None:
+                resume: bool) -> int:
     from agentrl import distributed
+    from agentrl.rollout.health import RunStopped
     from agentrl.run import build_run
     from agentrl.trainer import train
 
@@ -67,9 +68,16 @@ def _train_rank(rank: int, num_ranks: int, init: str | None, config: Any, out: P
         if resume and rank == 0:
             print(f"resuming {out} at step {run_.state.step}")
         state = train(run_)
+    except RunStopped as exc:  # an environment is mostly broken: a summary, not a traceback
+        if rank == 0:
+            print(f"stopped: {exc}", file=sys.stderr)
+        if num_ranks > 1:
+            raise SystemExit(STOPPED) from None
+        return STOPPED
     finally:
         distributed.destroy_process_group()
     if rank == 0:
         print(f"done: {state.step} steps, {state.cumulative_rollouts} rollouts, "
               f"{state.num_updates} updates on {num_ranks} rank(s); metrics in "
               f"{out / 'metrics.jsonl'}, checkpoints in {out / 'checkpoints'}")
+    return 0

@@ -80,13 +80,14 @@ def model_dir(tmp_path_factory):
 
 
 def run_training(tmp_path, model_dir, broken: str, steps: int = 2, group_size: int = 4,
-                 fraction: float = 1.0) -> tuple[int, object]:
+                 fraction: float = 1.0, overrides: tuple = ()) -> tuple[int, object]:
     config = tmp_path / "c.toml"
     config.write_text(CONFIG.format(model=model_dir, broken=broken, steps=steps,
                                     group_size=group_size, global_batch=2 * group_size,
                                     fraction=fraction))
     out = tmp_path / "run"
-    return main(["train", str(config), "--out", str(out)]), out
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    return main(["train", str(config), "--out", str(out), *sets]), out
 
 
 def metrics(out) -> list[dict]:
@@ -117,6 +118,14 @@ def test_a_mostly_broken_environment_stops_the_run_with_a_summary(tmp_path, mode
     records = metrics(out)
     assert [r["step"] for r in records] == [1]  # step 2 was not trained on
     assert records[0]["invalid/step_raised"] == 8
+
+
+def test_every_rank_stops_together(tmp_path, model_dir, capfd):
+    status, out = run_training(tmp_path, model_dir, "RaisingEnv", steps=4, group_size=8,
+                               fraction=0.5, overrides=("train.num_ranks=2",))
+    assert status == 3
+    assert capfd.readouterr().err.count("is mostly broken: 16 of its 16 rollouts") == 1
+    assert [r["step"] for r in metrics(out)] == [1]
 
 
 def test_a_non_finite_update_is_skipped_named_and_counted(tmp_path, model_dir, monkeypatch):
