@@ -106,9 +106,9 @@ class RolloutConfig(_Section):
     max_rollout_tokens: int = 4096
     """Generated tokens per rollout, over all turns and segments."""
     step_timeout_s: float = 30.0
-    """Seconds one environment call (constructor, reset, tool_schemas, step, close) may take
-    before the rollout is marked invalid, counted from the call's own start (never time
-    spent waiting for a worker)."""
+    """Seconds one environment call (reset, tool_schemas, step, close) may take before the
+    rollout is marked invalid, counted from the call's own start (never time spent
+    waiting for a worker). The constructor gets rollout_timeout_s."""
     rollout_timeout_s: float = 600.0
     """Seconds one whole rollout may take."""
     max_concurrent_rollouts: int = 64

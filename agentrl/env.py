@@ -21,9 +21,10 @@ The contract the rollout runner relies on
 - ``info["reward_components"]``: dict name -> float, named parts of the reward for
   logging only (they need not sum to the reward); empty until the final step.
 - ``info["num_tool_calls"]``: calls attempted in this step.
-- Blocking: ``step`` may block (tools, subprocesses). The runner calls the constructor,
-  ``reset``, ``tool_schemas``, ``step`` and ``close`` each under the deadline
-  ``rollout.step_timeout_s`` (see :mod:`agentrl.rollout.env_guard`): on its own thread
+- Blocking: ``step`` may block (tools, subprocesses). The runner calls ``reset``,
+  ``tool_schemas``, ``step`` and ``close`` each under the deadline
+  ``rollout.step_timeout_s`` and the constructor under ``rollout.rollout_timeout_s``
+  (see :mod:`agentrl.rollout.env_guard`), each call on its own thread
   (``isolation = "thread"``, the default; an environment with native async I/O overrides
   ``astep``, which is then awaited instead) or in a worker process
   (``isolation = "process"``). A call that timed out may still be running, so the runner

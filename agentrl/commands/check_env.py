@@ -40,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the first episode")
     parser.add_argument("--kwargs", default="{}", help="constructor kwargs as JSON")
     parser.add_argument("--timeout", type=float, default=10.0,
-                        help="seconds one call (constructor, reset, step, ...) may take; "
-                             "Gymnasium's checker gets 3x")
+                        help="seconds one call (reset, step, ...) may take; the constructor "
+                             "and Gymnasium's checker get 3x")
     parser.add_argument("--max-steps", type=int, default=64,
                         help="steps an episode may take before it is reported as endless")
     parser.add_argument("--adversarial", action="store_true",
@@ -72,7 +72,7 @@ async def _check(args: argparse.Namespace, factory: Any) -> int:
     name = args.env
     try:
         env = await GuardedEnv.open(name, factory, args.timeout, args.max_observation_chars,
-                                    isolation="process")
+                                    isolation="process", construct_timeout_s=3 * args.timeout)
     except EnvError as exc:
         print(f"error ({exc.kind}): {exc}")
         _print_traceback(exc)
@@ -129,7 +129,8 @@ async def _adversarial(args: argparse.Namespace, factory: Any, schemas: list[dic
         start, env = time.perf_counter(), None
         try:
             env = await GuardedEnv.open(args.env, factory, args.timeout,
-                                        args.max_observation_chars, isolation="process")
+                                        args.max_observation_chars, isolation="process",
+                                        construct_timeout_s=3 * args.timeout)
             await env.reset(args.seed)
             await env.step(text)
             await env.close()

@@ -1,10 +1,12 @@
 """Every call into an environment under containment: a deadline, a checked result.
 
-:class:`GuardedEnv` is how the rollout code talks to an environment. The constructor,
-``reset``, ``tool_schemas``, ``step`` and ``close`` each run under the deadline
-``rollout.step_timeout_s``; what they return is checked against the contract
-(:mod:`agentrl.rollout.env_contract`); any failure becomes an :class:`EnvError` with a
-named kind, which invalidates that rollout and nothing else.
+:class:`GuardedEnv` is how the rollout code talks to an environment. ``reset``,
+``tool_schemas``, ``step`` and ``close`` each run under the deadline
+``rollout.step_timeout_s``, the constructor under its own (the runner gives it
+``rollout.rollout_timeout_s``: loading data may take longer than a step); what they
+return is checked against the contract (:mod:`agentrl.rollout.env_contract`); any
+failure becomes an :class:`EnvError` with a named kind, which invalidates that rollout
+and nothing else.
 
 Two ways to run the environment (``AgentEnv.isolation``):
 
@@ -65,13 +67,15 @@ class GuardedEnv:
 
     @classmethod
     async def open(cls, name: str, factory: Callable[[], Any], timeout_s: float,
-                   max_observation_chars: int, isolation: str = "thread") -> GuardedEnv:
+                   max_observation_chars: int, isolation: str = "thread",
+                   construct_timeout_s: float | None = None) -> GuardedEnv:
         """Build the environment with ``factory()`` (in a worker process when
-        ``isolation == "process"``) under the deadline; raises EnvError."""
+        ``isolation == "process"``) under ``construct_timeout_s`` (default: ``timeout_s``,
+        the deadline of every later call); raises EnvError."""
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation {isolation!r}; use one of {ISOLATIONS}")
         caller = ProcessCaller(name) if isolation == "process" else ThreadCaller(name)
-        await caller.construct(factory, timeout_s)
+        await caller.construct(factory, construct_timeout_s or timeout_s)
         guarded = cls(name, caller, timeout_s, max_observation_chars)
         guarded.reward_range = await caller.attribute("reward_range")
         return guarded

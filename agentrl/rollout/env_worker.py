@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import multiprocessing.connection
+import os
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,7 @@ def context() -> Any:
 def worker_main(conn: multiprocessing.connection.Connection, factory: Callable[[], Any]) -> None:
     """The worker's loop: build the environment, then serve method calls until ``close``."""
     _die_with_parent()
+    _release_forkserver()
     conn.send(("started",))
     try:
         env = factory()
@@ -90,6 +92,23 @@ def _send(conn: multiprocessing.connection.Connection, reply: tuple) -> None:
         conn.send(("raised", type(exc).__name__,
                    f"its return value cannot be sent from the worker process: {exc}",
                    "".join(traceback.format_exception(exc))))
+
+
+def _release_forkserver() -> None:
+    """Close this worker's copy of the forkserver's "alive" pipe. The forkserver exits
+    when every holder has closed it; workers hold a copy by default, so one stuck in C
+    code (the GIL held) would keep the forkserver, and so itself, alive after the trainer
+    died. Without the copy, the trainer's death ends the forkserver, and the
+    parent-death signal then kills the worker. (A private attribute: where it is
+    missing, a stuck worker only outlives the trainer until its call returns.)"""
+    from multiprocessing import forkserver
+
+    fd = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_alive_fd", None)
+    if isinstance(fd, int):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _die_with_parent() -> None:

@@ -1,7 +1,8 @@
 """One rollout in a fresh environment instance, contained from construction to close.
 
-The runner and validation play every rollout through :func:`play_episode`: the
-constructor, every method and ``close`` run under ``rollout.step_timeout_s`` (in a worker
+The runner and validation play every rollout through :func:`play_episode`: every method
+and ``close`` run under ``rollout.step_timeout_s``, the constructor under
+``rollout.rollout_timeout_s`` (in a worker
 process when the environment's class sets ``isolation = "process"``), and any failure
 invalidates that rollout with a named kind, reported to an optional callback with its
 traceback. Nothing an environment does reaches the caller as an exception.
@@ -59,7 +60,8 @@ async def play_episode(
     """Build, play and close one instance; every failure gives an invalid rollout."""
     try:
         env = await GuardedEnv.open(source.name, source.factory, rollout.step_timeout_s,
-                                    rollout.max_observation_chars, source.isolation)
+                                    rollout.max_observation_chars, source.isolation,
+                                    construct_timeout_s=rollout.rollout_timeout_s)
     except EnvError as exc:
         return _failed_before_start(spec, exc, on_failure)
     try:

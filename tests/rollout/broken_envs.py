@@ -74,6 +74,8 @@ def make_broken(mode: str) -> BrokenEnv:
     """A BrokenEnv, or a constructor that raises for mode "constructor_raises"."""
     if mode == "constructor_raises":
         raise ValueError("bad constructor argument")
+    if mode == "slow_constructor":
+        time.sleep(2.0)
     return BrokenEnv(mode)
 
 
@@ -103,12 +105,22 @@ class GilEnv(_OneStep):
         return super().step(action)
 
 
+class StuckEnv(_OneStep):
+    """A step stuck in C code for minutes (the GIL held), in a worker process."""
+
+    isolation = "process"
+
+    def step(self, action: str):
+        _hold_the_gil(32)
+        return super().step(action)
+
+
 class GilInThreadEnv(_OneStep):
-    """A step that holds the GIL for about 3 s (1.5 s on a machine twice as fast), in the
+    """A step that holds the GIL for about 6 s (3 s on a machine twice as fast), in the
     trainer's process."""
 
     def step(self, action: str):
-        _hold_the_gil(25)
+        _hold_the_gil(26)
         return super().step(action)
 
 
