@@ -131,7 +131,9 @@ class RolloutConfig(_Section):
     """Generated tokens per rollout, over all turns and segments; >= 1. Without
     compaction a rollout is one row, so prompt + this must fit the model's positions."""
     step_timeout_s: Annotated[PositiveFloat, fix("give a number of seconds > 0")] = 30.0
-    """Seconds one env.step may take before the rollout is marked invalid; > 0."""
+    """Seconds one environment call (reset, tool_schemas, step, close) may take before the
+    rollout is marked invalid, counted from the call's own start (never time spent
+    waiting for a worker); > 0. The constructor gets rollout_timeout_s."""
     rollout_timeout_s: Annotated[PositiveFloat, fix("give a number of seconds > 0")] = 600.0
     """Seconds one whole rollout may take; > 0."""
     max_concurrent_rollouts: PositiveInt = 64
@@ -145,6 +147,10 @@ class RolloutConfig(_Section):
     max_extra_collections: NonNegativeInt = 4
     """With filter_uniform_groups: extra collection rounds before falling back to
     training on what was kept (with a warning); >= 0."""
+    max_observation_chars: PositiveInt = 100_000
+    """Characters of content one reset or step may return (all its messages together);
+    >= 1. An environment that returns more breaks its contract: that rollout is invalid
+    (``bad_observation``). Tools of an AgentEnv are cut well below it, with a marker."""
 
 
 class CompactionConfig(_Section):
@@ -221,6 +227,10 @@ class TrainConfig(_Section):
     wait_for_rank0_timeout_s: PositiveFloat | None = None
     """Seconds ranks 1..N wait (outside any collective) for rank 0 to finish a collection,
     a validation or a checkpoint. None: derived from the rollout and validation budgets."""
+    max_invalid_fraction: Annotated[float, Meta(ge=0, le=1)] = 0.5
+    """Stop the run when more than this share of an environment's recent rollouts are
+    invalid (judged over its newest steps holding at least 16 of its rollouts, kept or
+    dropped; see ``agentrl.rollout.health``). In [0, 1]; 1.0 never stops."""
 
 
 class LogConfig(_Section):

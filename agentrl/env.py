@@ -21,14 +21,23 @@ The contract the rollout runner relies on
 - ``info["reward_components"]``: dict name -> float, named parts of the reward for
   logging only (they need not sum to the reward); empty until the final step.
 - ``info["num_tool_calls"]``: calls attempted in this step.
-- Blocking: ``step`` may block (tools, subprocesses). The runner always awaits
-  ``env.astep(action)`` under its per-step timeout (``rollout.step_timeout_s``). The
-  default ``astep`` runs ``step`` in a worker thread (``asyncio.to_thread``); an
-  environment with native async I/O overrides ``astep``. A step that timed out may still
-  be running in its thread, so the runner must drop that env instance (mark the rollout
-  invalid) instead of stepping it again.
-- An env instance is stateful: one instance per concurrent rollout. ``reset`` is cheap
-  and synchronous.
+- Blocking: ``step`` may block (tools, subprocesses). The runner calls ``reset``,
+  ``tool_schemas``, ``step`` and ``close`` each under the deadline
+  ``rollout.step_timeout_s`` and the constructor under ``rollout.rollout_timeout_s``
+  (see :mod:`agentrl.rollout.env_guard`), each call on its own thread
+  (``isolation = "thread"``, the default; an environment with native async I/O overrides
+  ``astep``, which is then awaited instead) or in a worker process
+  (``isolation = "process"``). A call that timed out may still be running, so the runner
+  drops that instance (the rollout is invalid) and closes it once the call returns.
+- Checked on every call (:mod:`agentrl.rollout.env_contract`): ``reset`` returns a
+  2-tuple with a non-empty message list; ``step`` a 5-tuple whose reward is a finite real
+  number (inside ``reward_range`` when declared), ``terminated``/``truncated`` bools;
+  observations are lists of ``Message`` with ``str`` content that encodes as UTF-8, at
+  most ``rollout.max_observation_chars`` characters per call; ``info`` is a dict. A
+  violation invalidates that rollout with a message naming the environment, the method
+  and the expected type; it never stops the run (unless most rollouts of an environment
+  fail: ``train.max_invalid_fraction``).
+- An env instance is stateful: one instance per concurrent rollout.
 - ``tool_schemas()``: OpenAI-style function schemas of the ``@tool`` methods, for the
   chat template's ``tools`` argument.
 
@@ -49,7 +58,7 @@ import msgspec
 import numpy as np
 from gymnasium import spaces
 
-from agentrl.tools import PARSERS, ToolCallParser, collect_tools, run_call
+from agentrl.tools import MAX_OUTPUT_CHARS, PARSERS, ToolCallParser, collect_tools, run_call
 from agentrl.types import Message
 
 SPLITS = ("train", "eval")
@@ -152,8 +161,19 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
     tool_timeout_s: float = 10.0
     """Seconds one tool call may take (a ``@tool(timeout_s=...)`` overrides it)."""
     max_tool_calls_per_turn: int = 8
+    max_tool_output_chars: int = MAX_OUTPUT_CHARS
+    """Characters of one tool message; longer output is cut with a marker the model sees."""
     eval_fraction: float = 0.1
     """Share of task keys held out for the eval split."""
+    isolation: str = "thread"
+    """Where the runner keeps each instance: "thread" (in the trainer's process; each call
+    on its own thread, cut off at ``rollout.step_timeout_s``) or "process" (a worker
+    process killed at the deadline, whatever the code does). Choose "process" when a step
+    can hold the GIL for long (C extensions, big regexes on model text): in-process, such
+    a step freezes every other rollout until it returns."""
+    reward_range: tuple[float, float] | None = None
+    """Declared bounds of one step's reward; a step reward outside them invalidates the
+    rollout (``bad_reward``). None: any finite float."""
 
     def __init__(self, *, max_turns: int | None = None, render_mode: str | None = None,
                  parser: str | ToolCallParser = "hermes"):
@@ -237,7 +257,9 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         return [msgspec.structs.replace(m) for m in observation], 0.0, False, truncated, info
 
     async def astep(self, action: str) -> tuple[list[Message], float, bool, bool, dict]:
-        """``step`` in a worker thread; override for environments with native async I/O."""
+        """``step`` in a worker thread. The runner calls ``step`` on its own thread instead
+        unless a subclass overrides this (native async I/O), which it then awaits under
+        the same deadline."""
         return await asyncio.to_thread(self.step, action)
 
     def render(self) -> str | None:
@@ -259,7 +281,8 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
                     "tool", f"Error (too_many_calls): only {self.max_tool_calls_per_turn} "
                     "tool calls run per turn; the rest were skipped", "error"))
                 break
-            outcome = run_call(self.tools, call, self.tool_timeout_s)
+            outcome = run_call(self.tools, call, self.tool_timeout_s,
+                               self.max_tool_output_chars)
             if outcome.error is not None:
                 errors[outcome.error] += 1
             observation.append(outcome.message)

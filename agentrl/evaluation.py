@@ -9,6 +9,7 @@ like with like.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import msgspec
@@ -63,7 +64,8 @@ async def eval_rollouts(
     engine: Any, tokenizer: Any, config: Config, num_tasks: int, temperature: float = 0.0
 ) -> list[Rollout]:
     """One rollout per held-out task of every environment (greedy by default)."""
-    from agentrl.rollout.multi_turn import RolloutSpec, play_rollout
+    from agentrl.rollout.episode import EnvSource, isolation_of, play_episode
+    from agentrl.rollout.multi_turn import RolloutSpec
 
     rollout_cfg = msgspec.structs.replace(config.rollout, temperature=temperature)
     limit = asyncio.Semaphore(config.rollout.max_concurrent_rollouts)
@@ -72,13 +74,11 @@ async def eval_rollouts(
         name = env_config.display_name()
         spec = RolloutSpec(rollout_id=f"eval-{name}-{index}", group_id=f"eval-{name}-{index}",
                            env=name, task_seed=index, sampling_seed=index)
-        async with limit:
-            env = EvalSplit(make_env(env_config))
-            try:
-                return await play_rollout(spec, env, engine, tokenizer, rollout_cfg,
-                                          config.compaction)
-            finally:
-                env.close()
+        source = EnvSource(name, functools.partial(make_eval_env, env_config),
+                           isolation_of(env_config.id))
+        async with limit:  # a failing environment gives an invalid (wrong) rollout
+            return await play_episode(spec, source, engine, tokenizer, rollout_cfg,
+                                      config.compaction)
 
     return list(await asyncio.gather(*(
         one(env, i) for env in config.environments for i in range(num_tasks)
@@ -90,3 +90,9 @@ def make_env(env_config: EnvironmentConfig) -> Any:
     from agentrl.registry import make
 
     return make(env_config.id, **env_config.kwargs)
+
+
+def make_eval_env(env_config: EnvironmentConfig) -> EvalSplit:
+    """An instance whose ``reset`` draws held-out tasks (top-level: it pickles, for
+    environments that run in a worker process)."""
+    return EvalSplit(make_env(env_config))

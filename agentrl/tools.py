@@ -15,6 +15,10 @@ a rollout must not crash because the policy wrote bad text.
 
 Error kinds (the keys of ``info["tool_errors"]``): ``malformed_json``, ``malformed_call``,
 ``unknown_tool``, ``invalid_arguments``, ``tool_exception``, ``timeout``, ``too_many_calls``.
+
+Whatever comes back (a result, an error echoing the model's text) is valid UTF-8 (lone
+surrogates from JSON escapes replaced) and at most ``max_output_chars`` characters, cut
+with a marker: a tool message can never break the tokenizer or flood the context.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from agentrl.text import clip, short_repr, valid_utf8
 from agentrl.types import Message
 
 ERROR_KINDS = (
@@ -42,6 +47,10 @@ ERROR_KINDS = (
 )
 
 _TOOL_ATTR = "__agentrl_tool__"
+MAX_OUTPUT_CHARS = 16_000
+"""Default cap on one tool message's characters (``AgentEnv.max_tool_output_chars``)."""
+MAX_ERROR_CHARS = 1_000
+"""Cap on an error message, which may echo the model's text."""
 
 
 class ToolSpec(msgspec.Struct, frozen=True):
@@ -232,26 +241,33 @@ class ToolOutcome(msgspec.Struct):
 
 
 def error_message(kind: str, text: str, name: str | None) -> ToolOutcome:
-    """A tool-role error message the model can read and recover from."""
-    return ToolOutcome(Message("tool", f"Error ({kind}): {text}", name or "error"), kind)
+    """A tool-role error message the model can read and recover from (bounded, valid
+    UTF-8 even when it echoes the model's text)."""
+    content = valid_utf8(clip(f"Error ({kind}): {text}", MAX_ERROR_CHARS, "the error"))
+    return ToolOutcome(Message("tool", content, valid_utf8(clip(name or "error", 64))), kind)
 
 
 def run_call(tools: dict[str, BoundTool], call: ToolCall | ToolCallError,
-             default_timeout_s: float) -> ToolOutcome:
-    """Validate and run one call; every failure becomes an error message, never a raise."""
+             default_timeout_s: float, max_output_chars: int = MAX_OUTPUT_CHARS) -> ToolOutcome:
+    """Validate and run one call; every failure becomes an error message, never a raise.
+    The result is cut to ``max_output_chars`` characters (with a marker)."""
     if isinstance(call, ToolCallError):
         return error_message(call.kind, call.message, call.name)
     bound = tools.get(call.name)
     if bound is None:
         known = ", ".join(tools) or "none"
-        return error_message("unknown_tool", f"no tool named {call.name!r} (tools: {known})",
-                             call.name)
+        return error_message("unknown_tool",
+                             f"no tool named {short_repr(call.name)} (tools: {known})", call.name)
     try:
         kwargs = validate_arguments(bound.spec, bound.fn, call.arguments)
     except ValueError as exc:
         return error_message("invalid_arguments", str(exc), call.name)
     timeout = bound.spec.timeout_s if bound.spec.timeout_s is not None else default_timeout_s
-    return _call_with_timeout(bound, kwargs, timeout)
+    outcome = _call_with_timeout(bound, kwargs, timeout)
+    if outcome.error is None:
+        text = valid_utf8(clip(outcome.message.content, max_output_chars, "the tool's output"))
+        outcome.message.content = text
+    return outcome
 
 
 def validate_arguments(spec: ToolSpec, fn: Callable, arguments: dict[str, Any]) -> dict:
@@ -260,7 +276,8 @@ def validate_arguments(spec: ToolSpec, fn: Callable, arguments: dict[str, Any]) 
     props = spec.parameters["properties"]
     unknown = sorted(set(arguments) - set(props))
     if unknown:
-        raise ValueError(f"unexpected argument(s) {unknown}; {spec.name} takes {list(props)}")
+        raise ValueError(f"unexpected argument(s) {short_repr(unknown)}; {spec.name} takes "
+                         f"{list(props)}")
     missing = [p for p in spec.parameters["required"] if p not in arguments]
     if missing:
         raise ValueError(f"missing required argument(s) {missing} for {spec.name}")
@@ -269,7 +286,7 @@ def validate_arguments(spec: ToolSpec, fn: Callable, arguments: dict[str, Any]) 
         try:
             kwargs[key] = msgspec.convert(value, hints[key], strict=True)
         except msgspec.ValidationError as exc:
-            raise ValueError(f"argument {key!r}: {exc}") from None
+            raise ValueError(f"argument {key!r}: {short_repr(str(exc), 200)}") from None
     return kwargs
 
 

@@ -15,8 +15,10 @@ Setup lives in :mod:`agentrl.run` (``build_run``); this module only runs.
 
 from __future__ import annotations
 
+import math
 import re
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -36,12 +38,14 @@ from agentrl.packing import MicroBatch, collate, plan_micro_batches
 from agentrl.parallel import groups
 from agentrl.parallel.fsdp import clip_grad_norm
 from agentrl.reassembler import to_rows
+from agentrl.rollout.health import InvalidRateMonitor, invalid_figures
 from agentrl.run import Run
 from agentrl.types import Rollout, Row
 from agentrl.update import (
     UpdateStats,
     forward_backward,
     score,
+    step_if_finite,
     with_logprobs,
 )
 
@@ -68,12 +72,13 @@ class PhaseTimer:
 def train(run: Run) -> TrainerState:
     """Run steps until ``train.num_steps``, validating, logging and checkpointing."""
     cfg = run.config.train
+    health = InvalidRateMonitor(cfg.max_invalid_fraction)
     try:
         if cfg.eval_every and run.state.step == 0:
             run.writers.write({"step": 0, **cumulative(run.state), **run.validate(0)})
         while run.state.step < cfg.num_steps:
             step = run.state.step + 1
-            metrics = train_step(run, step)
+            metrics = train_step(run, step, health)
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.num_steps):
                 metrics.update(run.validate(step))
             run.writers.write(metrics)
@@ -87,11 +92,16 @@ def train(run: Run) -> TrainerState:
     return run.state
 
 
-def train_step(run: Run, step: int) -> dict[str, Any]:
-    """One collection and its updates; returns the step's metrics."""
+def train_step(run: Run, step: int,
+               health: InvalidRateMonitor | None = None) -> dict[str, Any]:
+    """One collection and its updates; returns the step's metrics. ``health`` stops the
+    run (RunStopped) before training on a collection whose environment is mostly broken."""
     timer = PhaseTimer()
     with timer("generate"):
         collection = run.collect(step)
+    if health is not None:
+        health.observe(step, collection.num_played, collection.invalid,
+                       collection.first_errors)
     with timer("other"):
         rollouts = ordered(collection.rollouts)
         rows = to_rows(rollouts)
@@ -113,6 +123,7 @@ def train_step(run: Run, step: int) -> dict[str, Any]:
     metrics.update(collection_figures(collection.dropped, collection.num_rounds,
                                       collection.fallback_groups))
     metrics.update(sample_figures)
+    metrics.update(invalid_figures(collection.invalid))
     metrics.update(cumulative(run.state))
     metrics.update({f"time/{phase}": s for phase, s in timer.seconds.items()})
     return metrics
@@ -177,17 +188,25 @@ def run_updates(
         figures["loss/mismatch_scored"] = _mismatch(run, flat, scored)
         it = iter(scored)
         batches = [with_logprobs(batch, [next(it) for _ in batch]) for batch in batches]
-    stats, norms, lrs = [], [], []
-    for batch in batches:
+    stats, norms, lrs, skipped = [], [], [], 0
+    for index, batch in enumerate(batches):
         run.optimizer.zero_grad(set_to_none=True)
         stats.append(forward_backward(run.model, batch, run.config.loss, run.process_group,
                                       temperature))
         norms.append(clip_grad_norm(run.model, run.config.optim.max_grad_norm))
         lrs.append(run.optimizer.param_groups[0]["lr"])
-        run.optimizer.step()
-        run.scheduler.step()
+        why = step_if_finite(run.model, run.optimizer, stats[-1], norms[-1], run.process_group)
+        if why is not None:
+            skipped += 1
+            warnings.warn(f"step {run.state.step + 1}, update {index + 1} of {len(batches)}: "
+                          f"{why}; skipped, the weights are unchanged", stacklevel=2)
+        with warnings.catch_warnings():  # the schedule counts updates, skipped ones too
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+            run.scheduler.step()
         run.state.num_updates += 1
-    figures["optim/grad_norm"] = float(np.mean(norms))
+    finite = [n for n in norms if math.isfinite(n)]
+    figures["optim/grad_norm"] = float(np.mean(finite)) if finite else float("nan")
+    figures["optim/skipped_updates"] = skipped
     figures["optim/lr"] = lrs[-1]
     figures["num_micro_batches"] = sum(len(b) for b in batches)
     figures.update(perf_figures(run, rows))

@@ -57,6 +57,9 @@ class RolloutStats(msgspec.Struct, omit_defaults=True):
     """The rollout hit a turn or token limit before the environment ended it."""
     error: str | None = None
     """Why the rollout is invalid (environment crash, timeout, ...); None when it is fine."""
+    error_kind: str | None = None
+    """The short, stable kind of ``error`` (``step_raised``, ``bad_reward``, ...; see
+    ``agentrl.rollout.env_contract.INVALID_KINDS``)."""
     tool_errors: dict[str, int] = {}
     """Counts of tool-call failures by kind (malformed_json, unknown_tool, timeout, ...)."""
 

@@ -7,6 +7,7 @@ fractions: model text is never ``eval``-ed.
 from __future__ import annotations
 
 import ast
+import math
 import re
 from fractions import Fraction
 
@@ -44,6 +45,8 @@ def parse_arithmetic(text: str, allow_unary_minus: bool = False,
 
 def _evaluate(node: ast.AST, literals: list[Fraction], unary: bool, floats: bool) -> Fraction:
     if isinstance(node, ast.Constant) and type(node.value) in ((int, float) if floats else (int,)):
+        if isinstance(node.value, float) and not math.isfinite(node.value):  # 1e999: inf
+            raise ExpressionError(f"{node.value} is not a finite number")
         literals.append(Fraction(node.value))
         return Fraction(node.value)
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
@@ -58,10 +61,21 @@ def _evaluate(node: ast.AST, literals: list[Fraction], unary: bool, floats: bool
     raise ExpressionError(f"{type(node).__name__} is not allowed; use numbers and + - * / ( )")
 
 
-_NUMBER = r"[-+]?\$?\s*\d[\d,]*(?:\.\d+)?|[-+]?\.\d+"
+MAX_EXAMINED_CHARS = 20_000
+"""Verifiers read at most the last this-many characters of a reply (the answer is at its
+end); with linear-time matching this bounds the time a reply of any length can take."""
+MAX_NUMBER_CHARS = 100
+"""A number written with more characters than this is not read as an answer (exact
+arithmetic on it would be slow, and floats would overflow)."""
+MAX_NUMBER_ONLY_CHARS = 400
+"""``number_only``: a reply longer than this (after stripping) is not "a number alone"."""
+
+# Every alternative starts with a sign, "$", a digit or ".", so a match attempt at any
+# other character fails at once, and whitespace is only allowed in a bounded run after a
+# sign or "$": matching is linear in the text (a leading \s* made it quadratic on spaces).
+_NUMBER = r"(?:[-+]?\$\s{0,3}|[-+]\s{0,3})?\d[\d,]*(?:\.\d+)?|[-+]?\.\d+"
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _HASHES = re.compile(r"####\s*([^\n]*)")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)\s*([^\n]*)", re.IGNORECASE)
 
 
@@ -70,20 +84,26 @@ def extract_number(text: str) -> Fraction | None:
 
     Looks, in order, at ``\\boxed{...}``, ``#### x``, ``<answer>x</answer>``,
     "the answer is x", then the last number in the text. Commas, currency signs, units,
-    percent signs and a trailing period are ignored.
+    percent signs and a trailing period are ignored. Only the last
+    ``MAX_EXAMINED_CHARS`` characters are read.
     """
-    for pattern in (_BOXED, _HASHES, _ANSWER_TAG, _ANSWER_IS):
-        matches = pattern.findall(text)
-        if matches:
-            number = _first_number(matches[-1])
+    text = text[-MAX_EXAMINED_CHARS:]
+    for pattern in (_BOXED, _HASHES, None, _ANSWER_IS):
+        if pattern is None:
+            tagged = last_tagged(text)
+            found = [] if tagged is None else [tagged]
+        else:
+            found = pattern.findall(text)
+        if found:
+            number = _first_number(found[-1])
             if number is not None:
                 return number
     return _last_number(text)
 
 
 _ONLY_NUMBER = re.compile(
-    rf"\s*(?:<answer>\s*(?P<tag>{_NUMBER})\s*</answer>|(?:the\s+answer\s+is\s*:?\s*)?"
-    rf"(?P<bare>{_NUMBER}))\s*\.?\s*", re.IGNORECASE)
+    rf"(?:<answer>\s*(?P<tag>{_NUMBER})\s*</answer>|(?:the\s+answer\s+is\s*:?\s*)?"
+    rf"(?P<bare>{_NUMBER}))\s*\.?", re.IGNORECASE)
 
 
 def number_only(text: str) -> Fraction | None:
@@ -93,6 +113,9 @@ def number_only(text: str) -> Fraction | None:
     buried in other text, so that a broken tool call that happens to end in the right
     digit earns nothing (a lenient grader rewards such garbage and teaches it).
     """
+    text = text.strip()
+    if len(text) > MAX_NUMBER_ONLY_CHARS:
+        return None
     match = _ONLY_NUMBER.fullmatch(text)
     if match is None:
         return None
@@ -100,7 +123,10 @@ def number_only(text: str) -> Fraction | None:
 
 
 def _to_fraction(token: str) -> Fraction | None:
-    cleaned = token.replace(",", "").replace("$", "").replace(" ", "")
+    cleaned = token.replace(",", "").replace("$", "")
+    cleaned = "".join(cleaned.split())  # the bounded whitespace after a sign or "$"
+    if len(cleaned) > MAX_NUMBER_CHARS:
+        return None
     try:
         return Fraction(cleaned)
     except (ValueError, ZeroDivisionError):
@@ -113,18 +139,37 @@ def _first_number(text: str) -> Fraction | None:
 
 
 def _last_number(text: str) -> Fraction | None:
-    matches = re.findall(_NUMBER, text)
-    return _to_fraction(matches[-1]) if matches else None
+    last = None
+    for last in re.finditer(_NUMBER, text):  # noqa: B007 - we want the last match
+        pass
+    return _to_fraction(last.group(0)) if last is not None else None
 
 
 def numbers_equal(predicted: Fraction | None, gold: Fraction, tolerance: float = 1e-6) -> bool:
-    """Exact for integers, relative tolerance otherwise (answers like 0.3333333)."""
+    """Exact for integers, relative tolerance otherwise (answers like 0.3333333).
+
+    Compared in exact fractions, so no number can overflow a float.
+    """
     if predicted is None:
         return False
-    return abs(float(predicted) - float(gold)) <= tolerance * max(1.0, abs(float(gold)))
+    gold = Fraction(gold)
+    return abs(predicted - gold) <= Fraction(tolerance) * max(Fraction(1), abs(gold))
 
 
 def last_tagged(text: str, tag: str = "answer") -> str | None:
-    """Content of the last ``<tag>...</tag>`` in the text, or None."""
-    found = re.findall(rf"<{tag}>(.*?)</{tag}>", text, re.DOTALL)
-    return found[-1] if found else None
+    """Content of the last complete ``<tag>...</tag>`` in the text, or None.
+
+    The last closing tag, and the last opening tag before it: with nested or repeated
+    opening tags the innermost content wins (``<a><a>x</a>`` gives ``x``). Two ``rfind``
+    and one ``find``: linear in the text whatever it holds.
+    """
+    text = text[-MAX_EXAMINED_CHARS:]
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    end = text.rfind(closing)
+    if end == -1:
+        return None
+    start = text.rfind(opening, 0, end)
+    if start == -1:
+        return None
+    body = start + len(opening)
+    return text[body: text.find(closing, body)]

@@ -18,6 +18,7 @@ from fractions import Fraction
 import numpy as np
 
 from agentrl.env import AgentEnv, Grade, Task
+from agentrl.text import short_repr
 from agentrl.tools import tool
 from agentrl.types import Message
 from environments._verify import (
@@ -38,7 +39,10 @@ def format_number(value: Fraction) -> str:
     """An integer as is, anything else as a decimal with up to 6 places."""
     if value.denominator == 1:
         return str(value.numerator)
-    return f"{float(value):.6f}".rstrip("0").rstrip(".")
+    try:
+        return f"{float(value):.6f}".rstrip("0").rstrip(".")
+    except OverflowError:  # past the float range: exact, as numerator/denominator
+        return f"{value.numerator}/{value.denominator}"
 
 
 class CalculatorEnv(AgentEnv):
@@ -65,7 +69,7 @@ class CalculatorEnv(AgentEnv):
         try:
             value, _ = parse_arithmetic(expression, allow_unary_minus=True, allow_floats=True)
         except ExpressionError as exc:
-            raise ValueError(f"cannot evaluate {expression!r}: {exc}") from None
+            raise ValueError(f"cannot evaluate {short_repr(expression)}: {exc}") from None
         return format_number(value)
 
     def sample_task(self, rng: np.random.Generator) -> Task:

@@ -69,6 +69,8 @@ OUT_OF_RANGE = [
     ("train.eval_tasks_per_env", 0, "an integer >= 1"),
     ("train.num_ranks", 0, "an integer >= 1"),
     ("train.collective_timeout_s", 0, "a finite number > 0"),
+    ("train.max_invalid_fraction", 1.5, "a finite number in [0, 1]"),
+    ("rollout.max_observation_chars", 0, "an integer >= 1"),
     ("log.rollouts_every", -1, "an integer >= 0"),
     ("log.rollouts_random_per_env", -2, "an integer >= 0"),
     ("train.wait_for_rank0_timeout_s", -5.0, "a finite number > 0"),

@@ -1,74 +1,175 @@
-"""``agentrl check-env ID_OR_MODULE:CLASS``: Gymnasium's checker plus scripted rollouts.
+"""``agentrl check-env ID_OR_MODULE:CLASS``: scripted rollouts plus Gymnasium's checker.
 
-Prints the tools offered (schemas), then for each episode the transcript and the reward.
+Prints the tools offered (schemas), then for each episode the transcript and the reward,
+then the result of Gymnasium's ``check_env``.
 Actions come from ``--actions FILE`` (a JSON list of strings, or plain text with actions
 separated by lines holding only ``---``), else the environment's ``scripted_action``
 policy when it has one, else random text from the action space.
+
+The environment runs in a worker process and every call goes through the runner's own
+containment (:class:`agentrl.rollout.env_guard.GuardedEnv`): each call has a deadline
+(``--timeout``), an episode at most ``--max-steps`` steps, and what ``reset``/``step``
+return is checked by the same code as in training, so a violation is reported in the
+same words (``env 'x': step() returned reward 'high' (str); expected a finite float``).
+``--adversarial`` also sends every text of :mod:`agentrl.adversarial` (huge, nested,
+surrogates, malformed tool calls naming the environment's first tool) as one step of a
+fresh instance and reports what broke. Exit status: 0 all good, 1 a check failed or the
+environment broke its contract, 2 the environment could not be found.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 HELP = "Check an environment: Gymnasium's env checker, tool schemas, scripted rollouts."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments: the environment, episodes, actions file, seed, constructor kwargs."""
+    """Arguments: the environment, episodes, actions file, seed, kwargs, limits."""
+    from agentrl.config import RolloutConfig
+
     parser.add_argument("env", help="registered id (agentrl/Countdown-v0) or module:Class")
     parser.add_argument("--episodes", type=int, default=1, help="scripted rollouts to run")
     parser.add_argument("--actions", help="file of actions: JSON list, or text split by ---")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first episode")
     parser.add_argument("--kwargs", default="{}", help="constructor kwargs as JSON")
+    parser.add_argument("--timeout", type=float, default=10.0,
+                        help="seconds one call (reset, step, ...) may take; the constructor "
+                             "and Gymnasium's checker get 3x")
+    parser.add_argument("--max-steps", type=int, default=64,
+                        help="steps an episode may take before it is reported as endless")
+    parser.add_argument("--adversarial", action="store_true",
+                        help="also step every adversarial text (agentrl.adversarial) once")
+    parser.add_argument("--max-observation-chars", type=int,
+                        default=RolloutConfig().max_observation_chars,
+                        help="characters one reset or step may return (as in training)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the checks; exit status 1 when Gymnasium's checker fails."""
-    from gymnasium.utils.env_checker import check_env
-
-    from agentrl.registry import make
+    """Run the checks; exit status 1 when one fails, 2 when the environment is unknown."""
+    from agentrl.registry import make, resolve
 
     kwargs = _json_kwargs(args.kwargs)
     try:
-        env = make(args.env, **kwargs)
+        resolve(args.env)
     except ValueError as exc:
         print(f"error: {exc}")
         return 2
+    factory = functools.partial(make, args.env, **kwargs)
+    return asyncio.run(_check(args, factory))
+
+
+async def _check(args: argparse.Namespace, factory: Any) -> int:
+    from agentrl.rollout.env_contract import EnvError
+    from agentrl.rollout.env_guard import GuardedEnv
+
+    name = args.env
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            check_env(env, skip_render_check=True)
-    except (AssertionError, Exception) as exc:  # report any checker failure, do not crash
-        print(f"gymnasium check_env: FAILED: {type(exc).__name__}: {exc}")
+        env = await GuardedEnv.open(name, factory, args.timeout, args.max_observation_chars,
+                                    isolation="process", construct_timeout_s=3 * args.timeout)
+    except EnvError as exc:
+        print(f"error ({exc.kind}): {exc}")
+        _print_traceback(exc)
         return 1
-    print("gymnasium check_env: passed")
+    try:
+        return await _check_open(args, env)
+    except EnvError as exc:
+        print(f"violation ({exc.kind}): {exc}")
+        _print_traceback(exc)
+        return 1
+    finally:
+        try:
+            await env.close()
+        except EnvError as exc:
+            print(f"violation ({exc.kind}): {exc}")
+
+
+async def _check_open(args: argparse.Namespace, env: Any) -> int:
+    from agentrl.rollout.env_contract import EnvError
+
     print("tools offered:")
-    schemas = env.tool_schemas()
+    schemas = await env.tool_schemas()
     print(json.dumps(schemas, indent=2) if schemas else "  (none)")
     actions = _load_actions(args.actions) if args.actions else None
-    for episode in range(args.episodes):
-        reward = _episode(env, args.seed + episode, actions)
-        print(f"episode {episode} (seed {args.seed + episode}): reward {reward:g}")
-    env.close()
+    for episode in range(args.episodes):  # the runner's checks first: the same words
+        seed = args.seed + episode
+        reward = await _episode(env, seed, actions, args)
+        if reward is None:
+            return 1
+        print(f"episode {episode} (seed {seed}): reward {reward:g}")
+    try:
+        failure = await env.caller.call(_gym_check, (), {}, 3 * args.timeout, what="step")
+    except EnvError as exc:
+        failure = f"{exc.kind}: {exc}"
+    if failure is not None:
+        print(f"gymnasium check_env: FAILED: {failure}")
+        return 1
+    print("gymnasium check_env: passed")
+    if args.adversarial:
+        return await _adversarial(args, env.caller.factory, schemas)
     return 0
 
 
-def _episode(env, seed: int, actions: list[str] | None) -> float:
-    messages, _ = env.reset(seed=seed)
+async def _adversarial(args: argparse.Namespace, factory: Any, schemas: list[dict]) -> int:
+    """Each adversarial text as the first step of a fresh instance; 1 when any broke it."""
+    import time
+
+    from agentrl.adversarial import cases
+    from agentrl.rollout.env_contract import EnvError
+    from agentrl.rollout.env_guard import GuardedEnv
+
+    broken, worst = 0, (0.0, "")
+    for case, text in cases(*_first_tool(schemas)).items():
+        start, env = time.perf_counter(), None
+        try:
+            env = await GuardedEnv.open(args.env, factory, args.timeout,
+                                        args.max_observation_chars, isolation="process",
+                                        construct_timeout_s=3 * args.timeout)
+            await env.reset(args.seed)
+            await env.step(text)
+            await env.close()
+        except EnvError as exc:
+            broken += 1
+            print(f"adversarial {case!r}: {exc.kind}: {exc}")
+            if env is not None:
+                env.caller.kill()
+        worst = max(worst, (time.perf_counter() - start, case))
+    print(f"adversarial texts: {len(cases())}, broke the environment: {broken}; slowest "
+          f"reset + step {worst[0]:.2f} s ({worst[1]!r})")
+    return 1 if broken else 0
+
+
+def _first_tool(schemas: list[dict]) -> tuple[str, str]:
+    """The first tool's name and its first string parameter, for tool-call shapes."""
+    for schema in schemas:
+        function = schema.get("function", {})
+        properties = function.get("parameters", {}).get("properties", {})
+        for name, prop in properties.items():
+            if isinstance(prop, dict) and prop.get("type") == "string":
+                return str(function.get("name")), name
+    return "calculate", "expression"
+
+
+async def _episode(env: Any, seed: int, actions: list[str] | None,
+                   args: argparse.Namespace) -> float | None:
+    messages = await env.reset(seed)
     transcript = list(messages)
     _print_messages(messages)
-    total, step = 0.0, 0
-    while True:
-        action = _next_action(env, transcript, actions, step)
+    total = 0.0
+    for step in range(args.max_steps):
+        action = await env.caller.call(_next_action, (transcript, actions, step), {},
+                                       args.timeout, what="step")
         print(f"[assistant] {action}")
-        observation, reward, terminated, truncated, info = env.step(action)
+        observation, reward, terminated, truncated, info = await env.step(action)
         transcript += observation
         _print_messages(observation)
         total += reward
-        step += 1
         if info.get("tool_errors"):
             print(f"  tool errors: {info['tool_errors']}")
         if terminated or truncated:
@@ -76,14 +177,36 @@ def _episode(env, seed: int, actions: list[str] | None) -> float:
             end = "terminated" if terminated else "truncated"
             print(f"  {end}; reward {total:g} components {components}")
             return total
+    print(f"endless episode: it did not end within {args.max_steps} steps (--max-steps); "
+          "an environment must set terminated or truncated (AgentEnv.max_turns)")
+    return None
 
 
-def _next_action(env, transcript: list, actions: list[str] | None, step: int) -> str:
+def _gym_check(env: Any) -> str | None:
+    """In the worker: Gymnasium's checker; None when it passes, else what failed."""
+    from gymnasium.utils.env_checker import check_env
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            check_env(getattr(env, "unwrapped", env), skip_render_check=True)
+    except Exception as exc:  # noqa: BLE001 - report any checker failure, do not crash
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _next_action(env: Any, transcript: list, actions: list[str] | None, step: int) -> str:
+    """In the worker: the given action, the scripted policy's, or random text."""
     if actions is not None:
         return actions[step] if step < len(actions) else actions[-1]
     if hasattr(env, "scripted_action"):
         return env.scripted_action(transcript)
     return env.action_space.sample()
+
+
+def _print_traceback(exc: Any) -> None:
+    if exc.traceback:
+        print(exc.traceback.rstrip())
 
 
 def _print_messages(messages: list) -> None:

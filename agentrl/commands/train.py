@@ -8,10 +8,16 @@ One process trains alone; several ranks, on one machine or many, start through t
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
+STOPPED = 3
+"""Exit status of a run stopped by train.max_invalid_fraction (an environment is broken)."""
+
 HELP = "Train a policy with RL on the config's environments (metrics, checkpoints, resume)."
+STOPPED = 3
+"""Exit status when the run stopped itself (``train.max_invalid_fraction``)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,8 +48,11 @@ def run(args: argparse.Namespace) -> int:
     if needs_local_launch(config):
         print(describe_plan(plan_batches(config)))
         _preflight(config, out, args.resume)
-        return launch_local_ranks(config.train.num_ranks, _command_line(args, out))
+        return launch_local_ranks(config.train.num_ranks, _command_line(args, out),
+                                  stopped_status=STOPPED)
     state = _train(config, out, args.resume)
+    if state is None:  # stopped: an environment is mostly broken (summary printed)
+        return STOPPED
     if get_rank() == 0:
         print(f"done: {state.step} steps, {state.cumulative_rollouts} rollouts, "
               f"{state.num_updates} updates; metrics in {out / 'metrics.jsonl'}, "
@@ -69,6 +78,7 @@ def _train(config: Any, out: Path, resume: bool) -> Any:
     from agentrl.accounting import describe_plan, plan_batches
     from agentrl.parallel import groups
     from agentrl.parallel.timeouts import timeouts
+    from agentrl.rollout.health import RunStopped
     from agentrl.run import build_run
     from agentrl.trainer import train
 
@@ -86,6 +96,10 @@ def _train(config: Any, out: Path, resume: bool) -> Any:
             if resume:
                 print(f"resuming {out} at step {run_.state.step}")
         return train(run_)
+    except RunStopped as exc:  # an environment is mostly broken: a summary, not a traceback
+        if groups.get_rank() == 0:
+            print(f"stopped: {exc}", file=sys.stderr)
+        return None
     finally:
         groups.destroy_process_group()
 

@@ -31,9 +31,10 @@ def needs_local_launch(config: Config) -> bool:
     return config.train.num_ranks > 1 and not launched_by_torchrun()
 
 
-def launch_local_ranks(num_ranks: int, command: list[str]) -> int:
+def launch_local_ranks(num_ranks: int, command: list[str], stopped_status: int = 3) -> int:
     """Run ``python -m agentrl COMMAND...`` as ``num_ranks`` ranks on this machine through
-    torchrun (standalone rendezvous on a free local port); returns the exit status."""
+    torchrun (standalone rendezvous on a free local port); returns the exit status:
+    ``stopped_status`` when the ranks stopped on purpose (their summary is printed)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -45,6 +46,8 @@ def launch_local_ranks(num_ranks: int, command: list[str]) -> int:
     try:
         run(args)
     except ChildFailedError as exc:
+        if {f.exitcode for f in exc.failures.values()} == {stopped_status}:
+            return stopped_status
         print(f"error: a rank failed:\n{exc.format_msg()}", file=sys.stderr)
         return 1
     return 0

@@ -4,13 +4,17 @@ The context only grows by appending ids (see ``agentrl.rollout.context``). When 
 turn's context would pass ``compaction.max_context_tokens``, the compactor shrinks the
 conversation and a new segment starts whose prompt is the compacted context. The reward
 is the sum of step rewards times the environment's ``reward_scale``. An environment
-failure (exception or timeout) ends the rollout as invalid with ``stats.error`` set.
+failure (exception, timeout, a result that breaks the contract, a non-finite reward) ends
+the rollout as invalid with ``stats.error`` and ``stats.error_kind`` set; the environment
+is called only through :class:`agentrl.rollout.env_guard.GuardedEnv`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -19,6 +23,8 @@ from agentrl.config import CompactionConfig, RolloutConfig
 from agentrl.rollout.compaction import make_compactor
 from agentrl.rollout.context import ChatContext
 from agentrl.rollout.engine import InferenceEngine, SamplingParams
+from agentrl.rollout.env_contract import EnvError
+from agentrl.rollout.env_guard import GuardedEnv
 from agentrl.rollout.segment_builder import SegmentBuilder
 from agentrl.types import Rollout, RolloutStats, Segment
 
@@ -32,11 +38,6 @@ class RolloutSpec(msgspec.Struct, frozen=True):
     task_seed: int
     sampling_seed: int | None = None
     reward_scale: float = 1.0
-
-
-class EnvError(Exception):
-    """The environment raised or timed out, or the engine refused a request; the rollout
-    becomes invalid."""
 
 
 class RolloutPlayer:
@@ -59,39 +60,46 @@ class RolloutPlayer:
         self.tool_errors: Counter[str] = Counter()
         self.reward_components: dict[str, float] = {}
         self.reward = 0.0
+        self.failure: EnvError | None = None
+        """What made the rollout invalid (with its traceback), when something did."""
 
     async def play(self) -> Rollout:
         """Run the loop to the end; environment failures give an invalid rollout."""
         try:
             await self._loop()
         except EnvError as exc:
-            self.stats.error = str(exc)
+            self.fail(exc)
         return self.result()
 
-    def result(self, error: str | None = None) -> Rollout:
+    def fail(self, failure: EnvError) -> None:
+        """Mark the rollout invalid for this reason (the first reason wins)."""
+        if self.failure is None:
+            self.failure = failure
+            self.stats.error = str(failure)
+            self.stats.error_kind = failure.kind
+
+    def result(self, error: EnvError | None = None) -> Rollout:
         """The rollout as it stands (also after a cancellation by the rollout timeout)."""
         if error is not None:
-            self.stats.error = error
+            self.fail(error)
         segments = list(self.segments)
         if self.current is not None:
             segments.append(self.current.build())
         self.stats.tool_errors = dict(self.tool_errors)
         self.stats.num_generated_tokens = sum(s.num_generated_tokens for s in segments)
         spec = self.spec
+        reward = self.reward * spec.reward_scale
+        if not math.isfinite(reward):  # a sum past the float range, or reward_scale nan/inf
+            self.fail(EnvError("bad_reward", f"env {spec.env!r}: the rollout's reward "
+                               f"{self.reward!r} x reward_scale {spec.reward_scale!r} = "
+                               f"{reward!r}; expected a finite float"))
+            reward = 0.0  # an invalid rollout still carries a reward that compares equal
         return Rollout(
             rollout_id=spec.rollout_id, group_id=spec.group_id, env=spec.env,
-            segments=segments, reward=self.reward * spec.reward_scale,
+            segments=segments, reward=reward,
             valid=self.stats.error is None, stats=self.stats,
             reward_components=dict(self.reward_components),
         )
-
-    async def _env_call(self, what: str, fn: Any, *args: Any) -> Any:
-        try:
-            return await asyncio.wait_for(fn(*args), self.config.step_timeout_s)
-        except TimeoutError:
-            raise EnvError(f"env.{what} timed out after {self.config.step_timeout_s}s") from None
-        except Exception as exc:  # any environment crash invalidates only this rollout
-            raise EnvError(f"env.{what} raised {type(exc).__name__}: {exc}") from exc
 
     async def _generate(self, params: SamplingParams) -> Any:
         """One engine call; a request the engine refuses (e.g. a context past its
@@ -100,7 +108,7 @@ class RolloutPlayer:
         try:
             return await self.engine.generate(list(self.current.token_ids), params)
         except ValueError as exc:
-            raise EnvError(f"engine refused the request: {exc}") from exc
+            raise EnvError("engine_refused", f"engine refused the request: {exc}") from exc
 
     def _params(self, max_tokens: int) -> SamplingParams:
         seed = self.spec.sampling_seed
@@ -111,8 +119,8 @@ class RolloutPlayer:
         )
 
     async def _loop(self) -> None:
-        messages, _ = await self._env_call("reset", _reset, self.env, self.spec.task_seed)
-        context = ChatContext(self.tokenizer, self.env.tool_schemas(), messages)
+        messages = await self.env.reset(self.spec.task_seed)
+        context = ChatContext(self.tokenizer, await self.env.tool_schemas(), messages)
         compactor = make_compactor(self.compaction, context.head, self.engine, self.stop_ids)
         self.current = SegmentBuilder(context.prompt_ids())
         for _ in range(self.config.max_turns):
@@ -126,8 +134,7 @@ class RolloutPlayer:
             self.current.add_generated(generation.token_ids, generation.logprobs)
             self.stats.num_turns += 1
             text = context.assistant_text(generation.token_ids, self.stop_ids)
-            observation, reward, terminated, truncated, info = await self._env_call(
-                "step", _step, self.env, text)
+            observation, reward, terminated, truncated, info = await self.env.step(text)
             self._record(reward, info)
             if terminated or truncated:
                 self.stats.truncated = bool(truncated and not terminated)
@@ -155,7 +162,8 @@ class RolloutPlayer:
             prompt_ids = await compactor.compact(context, turn, generated_ids, self.current,
                                                  params)
         except ValueError as exc:  # the summary request did not fit the engine
-            raise EnvError(f"engine refused the summary request: {exc}") from exc
+            raise EnvError("engine_refused", f"engine refused the summary request: {exc}") \
+                from exc
         self.segments.append(self.current.build())
         self.current = None
         if prompt_ids is None:  # not even the task fits the budget
@@ -175,24 +183,25 @@ class RolloutPlayer:
         self.reward_components.update(info.get("reward_components") or {})
 
 
-async def _reset(env: Any, seed: int) -> tuple[list[Any], dict]:
-    # reset is cheap and synchronous by the environment contract
-    return env.reset(seed=seed)
-
-
-async def _step(env: Any, text: str) -> tuple[list[Any], float, bool, bool, dict]:
-    if hasattr(env, "astep"):
-        return await env.astep(text)
-    return await asyncio.to_thread(env.step, text)
-
-
 async def play_rollout(
     spec: RolloutSpec, env: Any, engine: InferenceEngine, tokenizer: Any,
     rollout: RolloutConfig, compaction: CompactionConfig,
+    on_failure: Callable[[RolloutSpec, EnvError], None] | None = None,
 ) -> Rollout:
-    """Play one rollout under the per-rollout timeout; a timeout gives an invalid rollout."""
+    """Play one rollout under the per-rollout timeout; a timeout gives an invalid rollout.
+
+    ``env``: a :class:`GuardedEnv`, or a bare instance (guarded here, in this process).
+    ``on_failure`` hears why the rollout became invalid, with the traceback.
+    """
+    if not isinstance(env, GuardedEnv):
+        env = GuardedEnv.wrap(spec.env, env, rollout.step_timeout_s,
+                              rollout.max_observation_chars)
     player = RolloutPlayer(spec, env, engine, tokenizer, rollout, compaction)
     try:
-        return await asyncio.wait_for(player.play(), rollout.rollout_timeout_s)
+        result = await asyncio.wait_for(player.play(), rollout.rollout_timeout_s)
     except TimeoutError:
-        return player.result(error=f"rollout timed out after {rollout.rollout_timeout_s}s")
+        result = player.result(error=EnvError(
+            "rollout_timeout", f"rollout timed out after {rollout.rollout_timeout_s}s"))
+    if player.failure is not None and on_failure is not None:
+        on_failure(spec, player.failure)
+    return result

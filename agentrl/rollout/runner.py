@@ -12,11 +12,18 @@ launching groups, in at most ``rollout.max_extra_collections`` extra rounds, unt
 step has its rollouts. If the cap is reached first it warns and falls back to filling
 the shortfall with the dropped groups (groups with valid rollouts first), so a step
 always trains on the number of rollouts the batch plan promised when it can.
+
+Every rollout runs in a fresh environment instance through
+:func:`agentrl.rollout.episode.play_episode` (contained from constructor to close); its
+invalid kinds are counted for every rollout played, kept or dropped
+(``CollectionResult.invalid``). An environment whose step held the event loop past its
+deadline (code holding the GIL) runs its later rollouts in worker processes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import random
 import warnings
@@ -29,8 +36,15 @@ import msgspec
 from agentrl.config import Config, EnvironmentConfig
 from agentrl.metrics import drop_reason
 from agentrl.rollout.engine import InferenceEngine
-from agentrl.rollout.multi_turn import RolloutSpec, play_rollout
+from agentrl.rollout.env_contract import EnvError
+from agentrl.rollout.episode import EnvSource, isolation_of, play_episode
+from agentrl.rollout.health import InvalidLog
+from agentrl.rollout.multi_turn import RolloutSpec
 from agentrl.types import Group, Rollout
+
+STALL_LIMIT_S = 1.0
+"""A call that kept the event loop frozen this long past its deadline moves its
+environment to worker processes for the rest of the run."""
 
 
 class CollectionResult(msgspec.Struct):
@@ -43,6 +57,12 @@ class CollectionResult(msgspec.Struct):
     """Collection rounds run (1 + extra rounds of dynamic sampling)."""
     fallback_groups: int = 0
     """Dropped groups put back because the extra-round cap was reached."""
+    num_played: dict[str, int] = {}
+    """Rollouts played per environment name, kept or dropped."""
+    invalid: dict[str, dict[str, int]] = {}
+    """Invalid rollouts played per environment name and kind (``step_raised``, ...)."""
+    first_errors: dict[str, str] = {}
+    """"<env>/<kind>" -> the first such failure of the collection, with its traceback."""
 
     @property
     def rollouts(self) -> list[Rollout]:
@@ -71,6 +91,9 @@ class RolloutRunner:
         self.make_env = make_env
         self.envs = {e.display_name(): e for e in config.environments}
         self._limit = asyncio.Semaphore(config.rollout.max_concurrent_rollouts)
+        self.log = InvalidLog()
+        self._in_process: set[str] = set()
+        """Environments moved to worker processes after a call froze the event loop."""
 
     async def collect_group(self, group_id: str, env_name: str, task_seed: int) -> Group:
         """The G rollouts of one task, played concurrently."""
@@ -88,17 +111,40 @@ class RolloutRunner:
 
     async def _rollout(self, env_config: EnvironmentConfig, spec: RolloutSpec) -> Rollout:
         async with self._limit:
-            env = self.make_env(env_config)
-            try:
-                return await play_rollout(spec, env, self.engine, self.tokenizer,
-                                          self.config.rollout, self.config.compaction)
-            finally:
-                close = getattr(env, "close", None)
-                if close is not None:
-                    close()
+            rollout = await play_episode(spec, self._source(env_config), self.engine,
+                                         self.tokenizer, self.config.rollout,
+                                         self.config.compaction, self._on_failure)
+        failure = clip_long_rows(rollout, self.config.batch.max_tokens_per_microbatch)
+        if failure is not None:
+            self._on_failure(spec, failure)
+        self.log.count(rollout)
+        return rollout
+
+    def _source(self, env_config: EnvironmentConfig) -> EnvSource:
+        """How to build this environment: the default factory resolves the class's
+        ``isolation``; a custom ``make_env`` runs in this process."""
+        name = env_config.display_name()
+        factory = functools.partial(self.make_env, env_config)
+        if self.make_env is not _default_make_env:
+            return EnvSource(name, factory)
+        isolation = "process" if name in self._in_process else isolation_of(env_config.id)
+        return EnvSource(name, factory, isolation)
+
+    def _on_failure(self, spec: RolloutSpec, error: EnvError) -> None:
+        self.log.failure(spec, error)
+        stall = getattr(error, "loop_stall_s", 0.0)
+        if (stall >= STALL_LIMIT_S and self.make_env is _default_make_env
+                and spec.env not in self._in_process):
+            self._in_process.add(spec.env)
+            warnings.warn(
+                f"env {spec.env!r}: a call kept the event loop frozen {stall:.1f} s past its "
+                "deadline (it holds the GIL), stalling every other rollout; its next "
+                "rollouts run in worker processes. Set isolation = \"process\" on its class "
+                "to start that way.", stacklevel=2)
 
     async def collect(self, step: int, num_rollouts_needed: int) -> CollectionResult:
         """Collect groups until ``num_rollouts_needed`` rollouts are kept (see module doc)."""
+        self.log.reset()
         kept: list[Group] = []
         dropped_groups: list[Group] = []
         dropped: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -127,6 +173,8 @@ class RolloutRunner:
         return CollectionResult(
             groups=kept + fallback, dropped={k: dict(v) for k, v in dropped.items()},
             num_rounds=rounds, fallback_groups=len(fallback),
+            num_played=dict(self.log.played), invalid=self.log.invalid_counts(),
+            first_errors=dict(self.log.first),
         )
 
     def _groups_for(self, num_rollouts: int) -> int:
@@ -152,6 +200,28 @@ class RolloutRunner:
                 break
             fill.append(group)
         return fill
+
+
+def clip_long_rows(rollout: Rollout, max_tokens: int) -> EnvError | None:
+    """Cut every segment longer than the micro-batch budget (no packing could hold it and
+    the step would abort); a valid rollout with such a segment becomes invalid
+    (``row_too_long``). An invalid rollout's tokens carry no gradient, so cutting changes
+    nothing but the packing."""
+    longest = max((len(s.token_ids) for s in rollout.segments), default=0)
+    if longest <= max_tokens:
+        return None
+    for segment in rollout.segments:
+        segment.token_ids = segment.token_ids[:max_tokens]
+        segment.loss_mask = segment.loss_mask[:max_tokens]
+        segment.logprobs = segment.logprobs[:max_tokens]
+        segment.num_prompt_tokens = min(segment.num_prompt_tokens, max_tokens)
+    if not rollout.valid:
+        return None
+    error = EnvError("row_too_long", f"env {rollout.env!r}: a row of {longest} tokens is "
+                     f"longer than batch.max_tokens_per_microbatch = {max_tokens}")
+    rollout.valid = False
+    rollout.stats.error, rollout.stats.error_kind = str(error), error.kind
+    return error
 
 
 def _count(groups: list[Group]) -> int:

@@ -107,3 +107,34 @@ def test_check_env_cli_with_actions_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[tool:check] wrong" in out and "reward 0" in out
     assert main(["check-env", "agentrl/Nope-v0"]) == 2
+
+
+BROKEN = "tests.rollout.broken_envs"
+
+
+@pytest.mark.parametrize("cls, words", [
+    ("ProcessHighRewardEnv", f"violation (bad_reward): env '{BROKEN}:ProcessHighRewardEnv': "
+                             "step() returned reward 'high' (str); expected a finite float"),
+    ("SlowStepEnv", "violation (step_timeout): env '" + BROKEN + ":SlowStepEnv': step() timed "
+                    "out: no return within 1 s (its worker process was killed)"),
+    ("GilEnv", "step() timed out: no return within 1 s (its worker process was killed)"),
+    ("EndlessEnv", "endless episode: it did not end within 5 steps"),
+])
+def test_check_env_reports_violations_in_the_runners_words_and_never_hangs(cls, words, capsys):
+    import time
+
+    start = time.perf_counter()
+    status = main(["check-env", f"{BROKEN}:{cls}", "--timeout", "1", "--max-steps", "5"])
+    assert status == 1 and time.perf_counter() - start < 20
+    assert words in capsys.readouterr().out
+
+
+def test_check_env_adversarial_texts_find_a_naive_grader(capsys):
+    assert main(["check-env", f"{BROKEN}:NaiveGraderEnv", "--actions", "/dev/null",
+                 "--adversarial", "--episodes", "0", "--timeout", "5"]) == 1
+    out = capsys.readouterr().out
+    assert "gymnasium check_env: passed" in out
+    assert "adversarial '400 digits'" not in out  # short texts pass
+    assert ("adversarial '16k spaces': step_raised: env 'tests.rollout.broken_envs:"
+            "NaiveGraderEnv': step() raised ValueError: answer of 16000 characters") in out
+    assert "broke the environment: 12;" in out  # the 12 replies past 10,000 characters

@@ -144,3 +144,44 @@ def test_arbitrary_text_never_raises(text):
     env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step("<tool_call>" + text + "</tool_call>")
     assert isinstance(reward, float) and isinstance(info["tool_errors"], dict)
+
+
+class EchoEnv(ToyEnv):
+    """A tool that echoes the model's text, a thousand times."""
+
+    @tool
+    def echo(self, text: str) -> str:
+        """Echo the text back, repeated.
+
+        Args:
+            text: What to echo.
+        """
+        return text * 1000
+
+
+def test_tool_messages_are_valid_utf8_and_bounded():
+    # a tool echoing model JSON "\ud800" once made the tokenizer raise; huge output and an
+    # error echoing a 100,000-character tool name once flooded the context
+    env = EchoEnv()
+    env.max_tool_output_chars = 500
+    raw = '<tool_call>{"name": "echo", "arguments": {"text": "a\\ud800b"}}</tool_call>'
+    obs, *_ = step(env, raw + call("x" * 100_000, {}))
+    echoed, unknown = obs[0].content, obs[1].content
+    assert echoed.startswith("a\ufffdb" * 10) and len(echoed) <= 500
+    assert "more characters of the tool's output cut]" in echoed
+    assert len(unknown) <= 1_000 and "... (100000 characters)" in unknown
+    assert len(obs[1].name) <= 64
+    for message in obs:
+        message.content.encode("utf-8")
+
+
+def test_text_helpers():
+    from agentrl.text import clip, short_repr, valid_utf8
+
+    assert valid_utf8("ok") == "ok" and valid_utf8("a\ud800") == "a\ufffd"
+    assert valid_utf8("\ud83d\ude00") == "\U0001f600"  # a pair written as two code points
+    assert clip("abc", 5) == "abc"
+    cut = clip("x" * 100, 60, "it")  # the marker takes 35 of the 60 characters
+    assert cut == "x" * 25 + "\n[... 75 more characters of it cut]" and len(cut) == 60
+    assert short_repr(10 ** 5000) == "<int that cannot be printed>"
+    assert short_repr("y" * 500, 10) == "'yyyyyyyyyy'... (500 characters)"

@@ -1,0 +1,199 @@
+"""What an environment's methods must return, checked on every call, in one place.
+
+The runner and ``agentrl check-env`` both use these checks, so a violation reads the same
+in a training log and in the checker. A violation raises :class:`EnvError` whose ``kind``
+is one of :data:`INVALID_KINDS` and whose message names the environment, the method and
+the expected type::
+
+    env 'logsearch': step() returned reward 'high' (str); expected a finite float
+
+The contract itself is documented in :mod:`agentrl.env`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from agentrl.text import is_valid_utf8, short_repr
+from agentrl.types import Message
+
+ROLES = ("system", "user", "assistant", "tool")
+
+INVALID_KINDS = (
+    "construct_raised", "construct_timeout",
+    "reset_raised", "reset_timeout", "bad_reset",
+    "tool_schemas_raised", "tool_schemas_timeout", "bad_tool_schemas",
+    "step_raised", "step_timeout", "bad_step",
+    "bad_reward", "bad_observation", "bad_info",
+    "close_raised", "close_timeout",
+    "engine_refused", "rollout_timeout", "row_too_long",
+)
+"""Why a rollout is invalid, short and stable: the ``<kind>`` of the metrics
+``invalid/<kind>`` and ``env/<name>/invalid/<kind>``. ``<method>_raised`` and
+``<method>_timeout`` for the constructor, ``reset``, ``tool_schemas``, ``step`` and
+``close``; ``bad_*`` for a return value that breaks the contract; ``engine_refused`` (a
+context the inference engine would not take), ``rollout_timeout``
+(``rollout.rollout_timeout_s``) and ``row_too_long`` (a row past the micro-batch budget)."""
+
+
+class EnvError(Exception):
+    """A rollout cannot go on: the environment raised, timed out or broke its contract, or
+    the engine refused a request. The rollout becomes invalid with this message."""
+
+    def __init__(self, kind: str, message: str, traceback: str | None = None) -> None:
+        assert kind in INVALID_KINDS, kind
+        super().__init__(message)
+        self.kind = kind
+        self.traceback = traceback
+        """The formatted traceback of the exception behind it, when there was one."""
+        self.loop_stall_s = 0.0
+        """Seconds the call kept the event loop frozen past its deadline (the GIL)."""
+
+
+class StepResult(NamedTuple):
+    """A checked ``step`` return value: a real list, a finite float, two bools, a dict."""
+
+    observation: list[Message]
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+
+
+def describe(value: Any) -> str:
+    """A value and its type for a violation message: ``'high' (str)``."""
+    return f"{short_repr(value)} ({type(value).__name__})"
+
+
+def check_reset(env: str, result: Any, max_chars: int) -> tuple[list[Message], dict]:
+    """``reset`` must return ``(messages, info)``: a non-empty message list and a dict."""
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise EnvError("bad_reset", f"env {env!r}: reset() returned {_shape(result)}; "
+                       "expected a 2-tuple (observation, info)")
+    messages, info = result
+    messages = check_observation(env, "reset", messages, max_chars)
+    if not messages:
+        raise EnvError("bad_observation", f"env {env!r}: reset() returned no messages; "
+                       "expected the task as a non-empty list of Message")
+    return messages, check_info(env, "reset", info)
+
+
+def check_step(env: str, result: Any, max_chars: int,
+               reward_range: tuple[float, float] | None = None) -> StepResult:
+    """``step`` must return ``(observation, reward, terminated, truncated, info)``."""
+    if not (isinstance(result, tuple) and len(result) == 5):
+        raise EnvError("bad_step", f"env {env!r}: step() returned {_shape(result)}; expected "
+                       "a 5-tuple (observation, reward, terminated, truncated, info)")
+    observation, reward, terminated, truncated, info = result
+    observation = check_observation(env, "step", observation, max_chars)
+    value = check_reward(env, reward, reward_range)
+    for name, flag in (("terminated", terminated), ("truncated", truncated)):
+        if not isinstance(flag, bool | np.bool_):
+            raise EnvError("bad_step", f"env {env!r}: step() returned {name} {describe(flag)}; "
+                           "expected a bool")
+    return StepResult(observation, value, bool(terminated), bool(truncated),
+                      check_info(env, "step", info))
+
+
+def check_reward(env: str, reward: Any, reward_range: tuple[float, float] | None = None) -> float:
+    """A finite real number (bool and int are fine; strings, None, NaN and ±inf are not),
+    inside ``reward_range`` when the environment declares one."""
+    value = finite_float(reward)
+    if value is None:
+        raise EnvError("bad_reward", f"env {env!r}: step() returned reward {describe(reward)}; "
+                       "expected a finite float")
+    if reward_range is not None and not reward_range[0] <= value <= reward_range[1]:
+        low, high = reward_range
+        raise EnvError("bad_reward", f"env {env!r}: step() returned reward {value!r}, outside "
+                       f"the declared reward_range [{low}, {high}]")
+    return value
+
+
+def finite_float(value: Any) -> float | None:
+    """The value as a finite float when it is a real number (bool, int, float, numpy
+    scalar); None for anything else, for NaN, ±inf and ints past the float range."""
+    if not isinstance(value, numbers.Real):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def check_observation(env: str, method: str, observation: Any, max_chars: int) -> list[Message]:
+    """A list of :class:`Message` with known roles, ``str`` content that encodes as UTF-8,
+    and at most ``max_chars`` characters of content in all (``rollout.max_observation_chars``)."""
+    expected = "expected a list of agentrl.types.Message"
+    if not isinstance(observation, list):
+        raise EnvError("bad_observation", f"env {env!r}: {method}() returned observation "
+                       f"{describe(observation)}; {expected}")
+    total = 0
+    for index, message in enumerate(observation):
+        where = f"env {env!r}: {method}() returned observation[{index}]"
+        if not isinstance(message, Message):
+            raise EnvError("bad_observation", f"{where} = {describe(message)}; {expected}")
+        problem = _message_problem(message)
+        if problem:
+            raise EnvError("bad_observation", f"{where} with {problem}")
+        total += len(message.content)
+    if total > max_chars:
+        raise EnvError("bad_observation", f"env {env!r}: {method}() returned an observation of "
+                       f"{total} characters, more than rollout.max_observation_chars = "
+                       f"{max_chars}; an environment must bound what it returns")
+    return observation
+
+
+def _message_problem(message: Message) -> str | None:
+    if message.role not in ROLES:
+        return f"role {describe(message.role)}; expected one of {ROLES}"
+    if not isinstance(message.content, str):
+        return f"content {describe(message.content)}; expected a str"
+    if message.name is not None and not isinstance(message.name, str):
+        return f"name {describe(message.name)}; expected a str or None"
+    for field, text in (("content", message.content), ("name", message.name or "")):
+        if not is_valid_utf8(text):
+            return (f"{field} holding a lone surrogate (not encodable as UTF-8); expected "
+                    "valid text (agentrl.text.valid_utf8 repairs it)")
+    return None
+
+
+def check_info(env: str, method: str, info: Any) -> dict[str, Any]:
+    """``info`` must be a dict; ``tool_errors`` and ``reward_components`` (when present)
+    dicts of name -> number, since the runner sums and logs them."""
+    if not isinstance(info, dict):
+        raise EnvError("bad_info", f"env {env!r}: {method}() returned info {describe(info)}; "
+                       "expected a dict")
+    for key in ("tool_errors", "reward_components"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if not (isinstance(value, dict) and all(
+                isinstance(k, str) and finite_float(v) is not None for k, v in value.items())):
+            raise EnvError("bad_info", f"env {env!r}: {method}() returned info[{key!r}] = "
+                           f"{describe(value)}; expected a dict of str -> finite number")
+    return info
+
+
+def check_tool_schemas(env: str, schemas: Any) -> list[dict[str, Any]]:
+    """A list of JSON-serializable dicts (OpenAI function schemas), maybe empty."""
+    if not (isinstance(schemas, list) and all(isinstance(s, dict) for s in schemas)):
+        raise EnvError("bad_tool_schemas", f"env {env!r}: tool_schemas() returned "
+                       f"{describe(schemas)}; expected a list of dicts")
+    try:
+        json.dumps(schemas)
+    except (TypeError, ValueError) as exc:
+        raise EnvError("bad_tool_schemas", f"env {env!r}: tool_schemas() returned a schema "
+                       f"that is not JSON ({exc}); expected a list of JSON objects") from None
+    return schemas
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, tuple):
+        return f"a {len(value)}-tuple"
+    return describe(value)
