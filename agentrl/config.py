@@ -119,6 +119,39 @@ class RolloutConfig(_Section):
     max_extra_collections: int = 4
     """With filter_uniform_groups: extra collection rounds before falling back to
     training on what was kept (with a warning)."""
+    num_engines: int | None = None
+    """Inference replicas the trainer starts itself (engines): each a TorchEngine with its
+    own copy of the model, or a vLLM engine of tensor_parallel_size GPUs. Rollouts are
+    spread over all replicas by load. None: 1, or 0 when remote_engines are given."""
+    tensor_parallel_size: int = 1
+    """GPUs per vLLM replica (tensor parallel); the built-in engine uses 1."""
+    placement: Literal["separate", "colocated"] = "separate"
+    """Where local replicas run. "separate": on GPUs of their own, after the training GPUs
+    (replica i on GPUs T + i·tp ..., T = training GPUs). "colocated": on the training GPUs,
+    asleep while the trainer trains (vLLM sleep mode; the built-in engine frees its KV
+    cache), woken for the weight sync and generation."""
+    sleep_level: Literal[1, 2] = 1
+    """Colocated vLLM: 1 keeps a copy of the weights in host memory while asleep; 2 drops
+    them (every sync sends all weights anyway; saves host memory)."""
+    remote_engines: list[str] = []
+    """Replicas served elsewhere, as base URLs ("http://10.0.0.2:8000"): `agentrl serve
+    CONFIG` or `vllm serve` with the flags in docs/vllm.md. Driven token-in/token-out over
+    HTTP; the trainer pushes its weights to them at start and after every step."""
+    request_timeout_s: float = 600.0
+    """Seconds one generation request to a remote replica may take; past it, or when the
+    server cannot be reached, the rollout is invalid and the replica leaves service."""
+    weight_transport: Literal["auto", "gloo", "nccl", "files"] = "auto"
+    """Data plane of weight syncs. "auto": NCCL for vLLM on GPUs (vLLM's weight-transfer
+    API), gloo on CPU and to `agentrl serve`. "files": the older safetensors-bucket path
+    for vLLM builds without the weight-transfer API (local replicas only)."""
+    weight_sync_host: str = ""
+    """The trainer's address as remote replicas reach it (they join its gloo/NCCL
+    rendezvous there); "" takes this machine's address on the route to each server."""
+    weight_sync_bucket_mb: int = 256
+    """MiB of tensors per bucket of a weight sync (memory held at once while syncing)."""
+    weight_sync_timeout_s: float = 300.0
+    """Seconds each step of a weight sync (one bucket, start, finish) may take before the
+    sync fails with an error naming the replica."""
 
 
 class CompactionConfig(_Section):
@@ -296,6 +329,7 @@ def validate(config: Config) -> None:
     check_loss(config.loss)
     check_environments(config)
     check_positive(config)
+    check_engines(config.rollout)
     from agentrl.accounting import plan_batches
 
     plan_batches(config)  # raises ConfigError when the batch knobs do not divide
@@ -350,3 +384,39 @@ def check_environments(config: Config) -> None:
         if name in names:
             raise ConfigError(f"two environments are named {name!r}; set a distinct `name`")
         names.add(name)
+
+
+def check_engines(rollout: RolloutConfig) -> None:
+    """Replica counts, parallelism and server URLs that can run."""
+    import urllib.parse
+
+    if rollout.num_engines is not None and rollout.num_engines < 0:
+        raise ConfigError(f"rollout.num_engines is {rollout.num_engines}; use 0 or more")
+    if num_local_engines(rollout) + len(rollout.remote_engines) < 1:
+        raise ConfigError("rollout.num_engines = 0 and no rollout.remote_engines: nothing "
+                          "would generate; start a local engine or list a server")
+    if rollout.tensor_parallel_size < 1:
+        raise ConfigError(f"rollout.tensor_parallel_size is {rollout.tensor_parallel_size}; "
+                          "it must be >= 1")
+    if rollout.tensor_parallel_size > 1 and rollout.engine != "vllm":
+        raise ConfigError(f"rollout.tensor_parallel_size = {rollout.tensor_parallel_size} "
+                          'needs engine = "vllm"; the built-in engine runs on one device')
+    for url in rollout.remote_engines:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname or parts.port is None:
+            raise ConfigError(f"rollout.remote_engines: {url!r} is not http://HOST:PORT "
+                              "(the address `agentrl serve` prints)")
+    if rollout.weight_transport == "files" and rollout.remote_engines:
+        raise ConfigError('rollout.weight_transport = "files" needs a shared filesystem and '
+                          "works for local vLLM replicas only; remote_engines sync over "
+                          '"auto" (gloo or NCCL)')
+    for name in ("weight_sync_bucket_mb", "weight_sync_timeout_s", "request_timeout_s"):
+        if not getattr(rollout, name) > 0:
+            raise ConfigError(f"rollout.{name} is {getattr(rollout, name)}; it must be > 0")
+
+
+def num_local_engines(rollout: RolloutConfig) -> int:
+    """Replicas the trainer starts: num_engines, or its default (1; 0 with servers)."""
+    if rollout.num_engines is not None:
+        return rollout.num_engines
+    return 0 if rollout.remote_engines else 1

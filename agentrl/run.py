@@ -81,6 +81,7 @@ class Run:
         if self.is_main:
             result = self.loop.run_until_complete(
                 self.runner.collect(step, self.plan.num_rollouts))
+            self.engine.release_memory()  # colocated replicas sleep while training
         if not distributed.is_distributed(self.process_group):
             return result
         box = [msgspec.msgpack.encode(result) if self.is_main else None]
@@ -100,11 +101,19 @@ class Run:
         )
         return {**eval_metrics(accuracy), "time/eval": time.perf_counter() - start}
 
-    def sync_weights(self) -> None:
-        """Give the engine the new policy; a torch engine sharing the model needs nothing."""
-        if self.engine is None or getattr(self.engine, "model", None) is self.model:
+    def sync_weights(self, version: int | None = None) -> None:
+        """Push the policy to every inference replica, one parameter at a time (the
+        engine buckets them); ``version`` defaults to the served version + 1."""
+        if self.engine is None:
             return
-        self.engine.update_weights(self.model.state_dict())
+        self.engine.update_weights(policy_weights(self.model), version)
+
+
+def policy_weights(model: torch.nn.Module) -> Any:
+    """(HF name, full tensor) of every parameter, produced one at a time: what the
+    engines load (a tied lm_head is the embedding, listed once)."""
+    for name, param in model.named_parameters():
+        yield name, param.detach()
 
 
 def eval_metrics(accuracy: dict[str, float]) -> dict[str, float]:
@@ -159,12 +168,16 @@ def build_run(
     engine = runner = None
     writers: Any = MultiWriter([])
     if is_main:
-        engine = build_engine(config, model, tokenizer, model_dir)
-        runner = build_runner(config, engine, tokenizer, sampler)
+        engine = build_engine(config, model, tokenizer, model_dir,
+                              num_training_gpus=distributed.get_world_size(process_group))
         write_run_config(config, run_dir)
         writers = build_writers(run_dir, config.train.num_steps, config.log.live,
                                 config.log.tensorboard,
                                 resume_step=state.step if resume else None)
+    if engine is not None and engine.needs_initial_sync:  # servers started elsewhere
+        engine.update_weights(policy_weights(model), version=state.step)
+    if is_main:
+        runner = build_runner(config, engine, tokenizer, sampler)
     args = model.config
     cost = CostModel.from_model_args(
         args.hidden_size, args.num_hidden_layers, args.intermediate_size, args.vocab_size,
@@ -209,24 +222,14 @@ def resolve_model_dir(config: Config, run_dir: Path) -> Path:
     return tiny
 
 
-def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path) -> Any:
-    """The inference engine: the torch engine sharing the trainer's model, or vLLM."""
-    rollout = config.rollout
-    if config.compaction.strategy != "none":
-        max_len = config.compaction.max_context_tokens + rollout.max_new_tokens + 1
-    else:
-        max_len = rollout.max_rollout_tokens + 2048  # generated tokens + prompt/observations
-    max_len = min(max_len, model.config.max_position_embeddings)
-    if rollout.engine == "vllm":
-        from agentrl.rollout.vllm_engine import VLLMEngine
+def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path | str,
+                 num_training_gpus: int = 1) -> Any:
+    """The inference side: a router over the configured replicas (``agentrl.engines``),
+    each loading ``model_dir`` itself (it never shares the trainer's parameters)."""
+    from agentrl.engines.build import build_engines
 
-        args = {"gpu_memory_utilization": 0.5, "max_model_len": max_len, **rollout.vllm_args}
-        return VLLMEngine.from_pretrained(str(model_dir), dtype=config.model.dtype,
-                                          seed=config.train.seed, **args)
-    from agentrl.rollout.torch_engine import TorchEngine
-
-    return TorchEngine(model, tokenizer, max_batch_size=rollout.max_concurrent_rollouts,
-                       max_len=max_len, seed=config.train.seed)
+    return build_engines(config, model_dir, tokenizer, model.config.max_position_embeddings,
+                         num_training_gpus=num_training_gpus)
 
 
 def build_runner(config: Config, engine: Any, tokenizer: Any,

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.config import load_config
     from agentrl.evaluation import evaluate
     from agentrl.model import load_pretrained, load_tokenizer
-    from agentrl.run import build_engine
+    from agentrl.run import build_engine, policy_weights
 
     config = load_config(args.config, args.overrides)
     config = msgspec.structs.replace(
@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
                             attention=config.model.attention)
     tokenizer = load_tokenizer(args.checkpoint)
     engine = build_engine(config, model, tokenizer, args.checkpoint)
+    if engine.needs_initial_sync:  # servers elsewhere: give them the checkpoint
+        engine.update_weights(policy_weights(model))
     num_tasks = args.tasks or config.train.eval_tasks_per_env
     accuracy = asyncio.run(evaluate(engine, tokenizer, config, num_tasks, args.temperature))
     for name, value in accuracy.items():

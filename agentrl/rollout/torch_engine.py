@@ -15,6 +15,12 @@ of the sampled token, the distribution the trainer recomputes at the same temper
 
 The forward runs on the event loop's thread: while a step computes, no environment code
 runs on the loop (environments run their ``step`` in worker threads).
+
+Weight sync is a session (``start_weight_update`` → ``load_bucket`` per bucket →
+``finish_weight_update``, see ``agentrl.engines.weight_sync``): tensors are copied into
+the engine's own model one bucket at a time, and the version is bumped only once every
+parameter arrived. ``sleep`` frees the KV cache (the analogue of vLLM's sleep mode for a
+replica colocated with training); the next request allocates it again.
 """
 
 from __future__ import annotations
@@ -26,7 +32,13 @@ from typing import Any
 
 import torch
 
-from agentrl.rollout.engine import Generation, SamplingParams
+from agentrl.rollout.engine import (
+    Generation,
+    NamedTensors,
+    SamplingParams,
+    WeightSyncError,
+    next_version,
+)
 from agentrl.rollout.sampling import sample_token
 
 
@@ -53,8 +65,11 @@ class TorchEngine:
         max_batch_size: int = 16,
         max_len: int = 4096,
         seed: int = 0,
+        name: str = "torch engine",
     ) -> None:
-        """``max_batch_size`` cache slots of ``max_len`` tokens (prompt + generated) each."""
+        """``max_batch_size`` cache slots of ``max_len`` tokens (prompt + generated) each.
+        The engine generates with ``model``; a replica that must not share the trainer's
+        parameters gets its own copy (``agentrl.engines.build``)."""
         if max_batch_size < 1 or max_len < 2:
             raise ValueError(
                 f"TorchEngine needs max_batch_size >= 1 and max_len >= 2, got "
@@ -71,11 +86,18 @@ class TorchEngine:
         self._worker: asyncio.Task | None = None
         self.num_forwards = 0
         """Forwards run so far (prefills + decode steps), for benchmarks and tests."""
+        self.name = name
+        self.weight_version = 0
+        self.sync_timeout_s = 300.0
+        self._receiving: set[str] | None = None
 
     # ------------------------------------------------------------------ public API
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        """Complete one prompt; concurrent calls are decoded together in one batch."""
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, key: str | None = None
+    ) -> Generation:
+        """Complete one prompt; concurrent calls are decoded together in one batch (one
+        engine has one cache, so ``key`` changes nothing here)."""
         self._check_request(prompt_ids, params)
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else next(self._seed_counter))
@@ -92,17 +114,75 @@ class TorchEngine:
             self._worker = asyncio.create_task(self._run())
         return await request.future
 
-    def update_weights(self, state_dict: dict) -> None:
-        """Copy new weights into the model in place; refused while requests are in flight."""
-        if self._pending or self._active:
-            raise RuntimeError(
-                "TorchEngine.update_weights called while generations are in flight; "
-                "sync weights between collections"
-            )
+    def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> None:
+        """Copy new weights (HF names) into the model in place, bucket by bucket; refused
+        while requests are in flight."""
+        from agentrl.engines.weight_sync import push_weights
+
+        push_weights([self], named_tensors, next_version(self.weight_version, version))
+
+    def start_weight_update(self) -> None:
+        """Begin a sync session (between collections only)."""
+        self._require_idle("update_weights")
+        self._receiving = set()
+
+    def load_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy one bucket of (name, tensor) pairs into the model's parameters."""
+        if self._receiving is None:
+            raise WeightSyncError(f"{self.name}: load_bucket outside a weight update")
+        targets = self.model.state_dict()
         with torch.no_grad():
-            self.model.load_state_dict(state_dict, strict=True)
+            for name, tensor in bucket:
+                if name not in targets or targets[name].shape != tensor.shape:
+                    got = tuple(tensor.shape)
+                    want = tuple(targets[name].shape) if name in targets else "no such name"
+                    raise ValueError(f"{self.name}: tensor {name} {got} does not match the "
+                                     f"engine's model ({want}); send HF names of a model of "
+                                     "the same size")
+                targets[name].copy_(tensor)
+                self._receiving.add(name)
+
+    def finish_weight_update(self, version: int) -> None:
+        """End the session: every parameter must have arrived; then serve ``version``."""
+        received, self._receiving = self._receiving, None
+        if received is None:
+            raise WeightSyncError(f"{self.name}: finish without a started weight update")
+        missing = sorted(n for n, _ in self.model.named_parameters() if n not in received)
+        if missing:
+            raise ValueError(f"{self.name}: the weight update lacks {len(missing)} "
+                             f"parameters, e.g. {missing[:3]}; send every parameter")
+        self.weight_version = version
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache (colocated with training: give the memory back); ``level``
+        is accepted for symmetry with vLLM, weights stay in place."""
+        self._require_idle("sleep")
+        self._cache = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Nothing to do: the next request allocates the KV cache again."""
+
+    @property
+    def is_sleeping(self) -> bool:
+        """True while the KV cache is freed."""
+        return self._cache is None
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes the KV cache takes once allocated (``max_batch_size`` × ``max_len``)."""
+        args = self.model.config
+        per_token = 2 * args.num_hidden_layers * args.num_key_value_heads * args.head_dim
+        return per_token * self.max_batch_size * self.max_len * self.model.dtype.itemsize
 
     # ------------------------------------------------------------------ internals
+
+    def _require_idle(self, what: str) -> None:
+        if self._pending or self._active:
+            raise RuntimeError(
+                f"{self.name}: {what} called while generations are in flight; "
+                "sync weights between collections"
+            )
 
     def _check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:
