@@ -21,6 +21,7 @@ COMMANDS = {
     "inspect": "agentrl.commands.inspect",
     "check-env": "agentrl.commands.check_env",
     "report": "agentrl.commands.report",
+    "serve": "agentrl.commands.serve",
 }
 
 

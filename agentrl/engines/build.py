@@ -69,7 +69,8 @@ def build_engines(config: Config, model_dir: str | Path, tokenizer: Any,
         if rollout.engine == "vllm":
             replicas.append(_vllm_replica(config, model_dir, max_len, gpus, index))
         else:
-            replicas.append(_torch_replica(config, model_dir, tokenizer, max_len, gpus, index))
+            replicas.append(build_torch_replica(config, model_dir, tokenizer, max_len, gpus,
+                                                index))
     for url in rollout.remote_engines:
         from agentrl.engines.remote import RemoteEngine
 
@@ -84,8 +85,10 @@ def build_engines(config: Config, model_dir: str | Path, tokenizer: Any,
                         weight_dtype=getattr(torch, config.model.dtype))
 
 
-def _torch_replica(config: Config, model_dir: str | Path, tokenizer: Any, max_len: int,
-                   gpus: list[int], index: int) -> Any:
+def build_torch_replica(config: Config, model_dir: str | Path, tokenizer: Any, max_len: int,
+                        gpus: list[int], index: int) -> Any:
+    """A built-in engine replica with its own copy of the checkpoint (on ``gpus[0]``, or
+    the CPU when ``gpus`` is empty)."""
     from agentrl.model import load_pretrained
     from agentrl.rollout.torch_engine import TorchEngine
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import socket
-import threading
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
 from agentrl.engines.collective import make_sender, update_info
 from agentrl.engines.http import post_json_blocking, split_url
+from agentrl.engines.weight_sync import in_thread
 from agentrl.rollout.engine import WeightSyncError
 
 
@@ -77,20 +76,6 @@ def local_address_towards(url: str, timeout_s: float = 10.0) -> str:
     host, port = split_url(url)
     with socket.create_connection((host, port), timeout=timeout_s) as sock:
         return str(sock.getsockname()[0])
-
-
-def in_thread(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
-    """Run ``fn`` on a daemon thread: a call stuck past its deadline never blocks exit."""
-    future: concurrent.futures.Future = concurrent.futures.Future()
-
-    def run() -> None:
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:  # handed to the waiting caller
-            future.set_exception(exc)
-
-    threading.Thread(target=run, daemon=True, name="weight-sync").start()
-    return future
 
 
 class CollectiveSync:
@@ -156,5 +141,5 @@ class CollectiveSync:
                 raise future.exception()  # type: ignore[misc]
         if pending:
             side = "the replica's call" if control in pending else "the broadcast"
-            raise WeightSyncError(f"{self.name}: {what} did not finish within "
-                                  f"{self.sync_timeout_s:.0f} s ({side} is stuck)")
+            raise WeightSyncError(f"{what} did not finish within {self.sync_timeout_s:g} s "
+                                  f"({side} is stuck); the replica's weights are undefined")

@@ -11,8 +11,9 @@ Any failure or timeout raises :class:`WeightSyncError` naming the replica.
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -71,41 +72,48 @@ def push_weights(
     """Run one sync session on every receiver; returns the bytes sent to each."""
     if not receivers:
         raise ValueError("push_weights needs at least one replica")
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(receivers),
-                                                 thread_name_prefix="weight-sync")
-    try:
-        on_all(pool, receivers, "start", lambda r: r.start_weight_update())
-        sent = 0
-        for bucket in buckets(named_pairs(named_tensors), bucket_bytes, dtype):
-            on_all(pool, receivers, "load", lambda r, b=bucket: r.load_bucket(b))
-            sent += sum(t.numel() * t.element_size() for _, t in bucket)
-        on_all(pool, receivers, "finish", lambda r: r.finish_weight_update(version))
-    finally:  # never join: a replica stuck past its timeout must not hang the trainer
-        pool.shutdown(wait=False, cancel_futures=True)
+    on_all(receivers, "start", lambda r: r.start_weight_update())
+    sent = 0
+    for bucket in buckets(named_pairs(named_tensors), bucket_bytes, dtype):
+        on_all(receivers, "load", lambda r, b=bucket: r.load_bucket(b))
+        sent += sum(t.numel() * t.element_size() for _, t in bucket)
+    on_all(receivers, "finish", lambda r: r.finish_weight_update(version))
     return sent
 
 
-def on_all(pool: concurrent.futures.Executor, receivers: Sequence[WeightReceiver],
-           stage: str, call: Callable[[WeightReceiver], T]) -> list[T]:
+def in_thread(fn: Callable[..., T], *args: Any) -> concurrent.futures.Future:
+    """Run ``fn`` on a daemon thread: a call stuck past its deadline is abandoned and
+    never blocks the trainer (nor its exit)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # handed to the waiting caller
+            future.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True, name="weight-sync").start()
+    return future
+
+
+def on_all(receivers: Sequence[WeightReceiver], stage: str,
+           call: Callable[[WeightReceiver], T]) -> list[T]:
     """``call`` on every receiver concurrently; the first failure or timeout raises
     WeightSyncError naming the replica and the stage."""
-    futures = [(r, pool.submit(call, r)) for r in receivers]
+    futures = [(r, in_thread(call, r)) for r in receivers]
     results = []
     for receiver, future in futures:
         try:
             # each call enforces its own timeout; this bound catches one that does not
-            results.append(future.result(timeout=receiver.sync_timeout_s + 10.0))
+            results.append(future.result(timeout=2 * receiver.sync_timeout_s + 1.0))
         except concurrent.futures.TimeoutError:
             raise WeightSyncError(
                 f"weight sync to {receiver.name} timed out in {stage} after "
-                f"{receiver.sync_timeout_s:.0f} s; its weights are undefined: restart it "
+                f"{receiver.sync_timeout_s:g} s; its weights are undefined: restart it "
                 "(or raise rollout.weight_sync_timeout_s)") from None
-        except WeightSyncError as exc:
-            if receiver.name in str(exc):
-                raise
-            raise WeightSyncError(f"weight sync to {receiver.name} failed in {stage}: "
-                                  f"{exc}") from exc
         except Exception as exc:
+            what = str(exc) if isinstance(exc, WeightSyncError) else (
+                f"{type(exc).__name__}: {exc}")
             raise WeightSyncError(f"weight sync to {receiver.name} failed in {stage}: "
-                                  f"{type(exc).__name__}: {exc}") from exc
+                                  f"{what}") from exc
     return results

@@ -299,8 +299,8 @@ class VLLMEngine:
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise WeightSyncError(
-                f"{self.name}: vLLM did not confirm {what} within {self.sync_timeout_s} s; "
-                "its weights are now undefined: restart it (or raise sync_timeout_s)"
+                f"vLLM did not confirm {what} within {self.sync_timeout_s} s; its weights "
+                "are now undefined: restart it (or raise sync_timeout_s)"
             ) from None
 
     def _make_sync(self) -> Any:
