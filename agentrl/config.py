@@ -125,11 +125,11 @@ class RolloutConfig(_Section):
     spread over all replicas by load. None: 1, or 0 when remote_engines are given."""
     tensor_parallel_size: int = 1
     """GPUs per vLLM replica (tensor parallel); the built-in engine uses 1."""
-    placement: Literal["separate", "colocated"] = "separate"
-    """Where local replicas run. "separate": on GPUs of their own, after the training GPUs
-    (replica i on GPUs T + i·tp ..., T = training GPUs). "colocated": on the training GPUs,
-    asleep while the trainer trains (vLLM sleep mode; the built-in engine frees its KV
-    cache), woken for the weight sync and generation."""
+    placement: Literal["colocated", "separate"] = "colocated"
+    """Where local replicas run. "colocated": on the training GPUs (replica i on GPUs
+    i·tp ...), asleep while the trainer trains (vLLM sleep mode; the built-in engine frees
+    its KV cache), woken for the weight sync and generation. "separate": on GPUs of their
+    own after the training GPUs (replica i on GPUs T + i·tp ..., T = training GPUs)."""
     sleep_level: Literal[1, 2] = 1
     """Colocated vLLM: 1 keeps a copy of the weights in host memory while asleep; 2 drops
     them (every sync sends all weights anyway; saves host memory)."""

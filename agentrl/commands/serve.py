@@ -54,7 +54,7 @@ def _serve_builtin(config: Any, args: argparse.Namespace) -> int:
 
     import torch
 
-    from agentrl.engines.build import build_torch_replica, engine_max_len
+    from agentrl.engines.build import build_torch_replica, engine_dtype, engine_max_len
     from agentrl.engines.server import EngineServer, serve_forever
     from agentrl.model import load_tokenizer
     from agentrl.run import resolve_model_dir
@@ -67,7 +67,8 @@ def _serve_builtin(config: Any, args: argparse.Namespace) -> int:
     max_positions = json.loads((model_dir / "config.json").read_text()).get(
         "max_position_embeddings", 32768)
     engine = build_torch_replica(config, model_dir, tokenizer,
-                                 engine_max_len(config, max_positions), gpus, index=0)
+                                 engine_max_len(config, max_positions), gpus, index=0,
+                                 dtype=engine_dtype(config))
     server = EngineServer(engine, tokenizer, model_name=model_dir.name)
 
     def ready(port: int) -> None:
@@ -87,7 +88,7 @@ def vllm_serve_command(config: Any, host: str, port: int) -> tuple[list[str], di
     vLLM's RL routes (weight transfer, sleep), agentrl's transfer backends registered."""
     import torch
 
-    from agentrl.engines.build import engine_max_len
+    from agentrl.engines.build import engine_dtype, engine_max_len
     from agentrl.rollout.vllm_engine import EXTENSION_QUALNAME
 
     rollout = config.rollout
@@ -97,7 +98,8 @@ def vllm_serve_command(config: Any, host: str, port: int) -> tuple[list[str], di
     max_positions = json.loads((Path(config.model.path) / "config.json").read_text()).get(
         "max_position_embeddings", 32768)
     argv = ["vllm", "serve", config.model.path, "--host", host, "--port", str(port),
-            "--dtype", config.model.dtype, "--seed", str(config.train.seed),
+            "--dtype", str(engine_dtype(config)).removeprefix("torch."),
+            "--seed", str(config.train.seed),
             "--max-model-len", str(engine_max_len(config, max_positions)),
             "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
             "--worker-extension-cls", EXTENSION_QUALNAME,

@@ -55,10 +55,22 @@ def physical_gpus(gpus: list[int]) -> str:
     return ",".join(names[g].strip() for g in gpus)
 
 
+def engine_dtype(config: Config) -> torch.dtype:
+    """The dtype replicas compute in: ``model.dtype`` ("auto": bfloat16 on a GPU, else
+    float32)."""
+    if config.model.dtype == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return getattr(torch, config.model.dtype)
+
+
 def build_engines(config: Config, model_dir: str | Path, tokenizer: Any,
-                  max_position_embeddings: int, num_training_gpus: int = 1) -> EngineRouter:
-    """The router over this run's replicas (local ones started here, remote ones checked)."""
+                  max_position_embeddings: int, num_training_gpus: int = 1,
+                  dtype: torch.dtype | None = None) -> EngineRouter:
+    """The router over this run's replicas (local ones started here, remote ones checked);
+    ``dtype``: the replicas' dtype (default :func:`engine_dtype`), also the dtype the
+    router sends weights in."""
     rollout = config.rollout
+    dtype = dtype or engine_dtype(config)
     max_len = engine_max_len(config, max_position_embeddings)
     replicas: list[Any] = []
     for index in range(num_local_engines(rollout)):
@@ -67,10 +79,10 @@ def build_engines(config: Config, model_dir: str | Path, tokenizer: Any,
             gpus = replica_gpus(index, rollout.placement, rollout.tensor_parallel_size,
                                 num_training_gpus, torch.cuda.device_count())
         if rollout.engine == "vllm":
-            replicas.append(_vllm_replica(config, model_dir, max_len, gpus, index))
+            replicas.append(_vllm_replica(config, model_dir, max_len, gpus, index, dtype))
         else:
             replicas.append(build_torch_replica(config, model_dir, tokenizer, max_len, gpus,
-                                                index))
+                                                index, dtype))
     for url in rollout.remote_engines:
         from agentrl.engines.remote import RemoteEngine
 
@@ -82,19 +94,19 @@ def build_engines(config: Config, model_dir: str | Path, tokenizer: Any,
     return EngineRouter(replicas, colocated=rollout.placement == "colocated",
                         sleep_level=rollout.sleep_level,
                         bucket_bytes=rollout.weight_sync_bucket_mb * 2**20,
-                        weight_dtype=getattr(torch, config.model.dtype))
+                        weight_dtype=dtype)
 
 
 def build_torch_replica(config: Config, model_dir: str | Path, tokenizer: Any, max_len: int,
-                        gpus: list[int], index: int) -> Any:
+                        gpus: list[int], index: int, dtype: torch.dtype) -> Any:
     """A built-in engine replica with its own copy of the checkpoint (on ``gpus[0]``, or
     the CPU when ``gpus`` is empty)."""
     from agentrl.model import load_pretrained
     from agentrl.rollout.torch_engine import TorchEngine
 
     device = torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")
-    model = load_pretrained(model_dir, dtype=getattr(torch, config.model.dtype),
-                            attention=config.model.attention, device=device).eval()
+    model = load_pretrained(model_dir, dtype=dtype, attention=config.model.attention,
+                            device=device).eval()
     model.requires_grad_(False)
     engine = TorchEngine(model, tokenizer, max_batch_size=config.rollout.max_concurrent_rollouts,
                          max_len=max_len, seed=config.train.seed + 7919 * index,
@@ -104,7 +116,7 @@ def build_torch_replica(config: Config, model_dir: str | Path, tokenizer: Any, m
 
 
 def _vllm_replica(config: Config, model_dir: str | Path, max_len: int, gpus: list[int],
-                  index: int) -> Any:
+                  index: int, dtype: torch.dtype) -> Any:
     from agentrl.rollout.vllm_engine import VLLMEngine
 
     rollout = config.rollout
@@ -113,7 +125,7 @@ def _vllm_replica(config: Config, model_dir: str | Path, max_len: int, gpus: lis
     if rollout.tensor_parallel_size > 1:
         args["tensor_parallel_size"] = rollout.tensor_parallel_size
     return VLLMEngine.from_pretrained(
-        str(model_dir), dtype=config.model.dtype, seed=config.train.seed + index,
+        str(model_dir), dtype=str(dtype).removeprefix("torch."), seed=config.train.seed + index,
         weight_transport=rollout.weight_transport,
         sleep_mode=rollout.placement == "colocated",
         visible_gpus=physical_gpus(gpus) if gpus else None,
@@ -142,7 +154,7 @@ def engine_memory(config: Config, num_parameters: int, num_layers: int, num_kv_h
                   head_dim: int, max_position_embeddings: int) -> EngineMemory:
     """What the configured replicas hold in memory (see :class:`EngineMemory`)."""
     rollout = config.rollout
-    itemsize = getattr(torch, config.model.dtype).itemsize
+    itemsize = engine_dtype(config).itemsize
     tp = rollout.tensor_parallel_size
     kv = 0
     fraction = None

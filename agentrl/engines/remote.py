@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from agentrl.engines.http import (
     HTTPError,
     ReplicaUnavailableError,
@@ -31,8 +33,8 @@ class RemoteEngine:
                  sync_timeout_s: float = 300.0, transport: str = "auto",
                  advertise_host: str = "") -> None:
         """``transport``: the weight-sync data plane ("gloo", "nccl"; "auto": gloo for
-        ``agentrl serve``, NCCL for vLLM); ``advertise_host``: the trainer's address as the
-        server reaches it ("" finds it from the route to the server)."""
+        ``agentrl serve``, NCCL for vLLM when this process has a GPU); ``advertise_host``:
+        the trainer's address as the server reaches it ("" finds it from the route)."""
         split_url(url)  # a malformed URL fails here, naming it
         self.url = url.rstrip("/")
         self.name = self.url
@@ -113,8 +115,9 @@ class RemoteEngine:
         if self._sync is None:
             control = HttpControl(self.url, self.sync_timeout_s)
             transport = self.transport
-            if transport == "auto":
-                transport = "gloo" if self.is_agentrl else "nccl"
+            if transport == "auto":  # vLLM on GPUs: NCCL (a CPU-only trainer cannot)
+                gpu = torch.cuda.is_available() and not self.is_agentrl
+                transport = "nccl" if gpu else "gloo"
             if self.is_agentrl and transport != "gloo":
                 raise ValueError(f"{self.url} is `agentrl serve`, which receives weights "
                                  f'over gloo only; set rollout.weight_transport = "auto"')

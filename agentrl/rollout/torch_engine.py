@@ -178,6 +178,12 @@ class TorchEngine:
     # ------------------------------------------------------------------ internals
 
     def _require_idle(self, what: str) -> None:
+        # requests whose caller was cancelled (dynamic sampling stops a collection early)
+        # leave when the batching loop next runs; they hold nothing that matters now
+        self._pending = [r for r in self._pending if not r.future.done()]
+        for slot, request in list(self._active.items()):
+            if request.future.done():
+                del self._active[slot]
         if self._pending or self._active:
             raise RuntimeError(
                 f"{self.name}: {what} called while generations are in flight; "
