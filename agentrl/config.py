@@ -140,10 +140,11 @@ class RolloutConfig(_Section):
     request_timeout_s: float = 600.0
     """Seconds one generation request to a remote replica may take; past it, or when the
     server cannot be reached, the rollout is invalid and the replica leaves service."""
-    weight_transport: Literal["auto", "gloo", "nccl", "files"] = "auto"
-    """Data plane of weight syncs. "auto": NCCL for vLLM on GPUs (vLLM's weight-transfer
-    API), gloo on CPU and to `agentrl serve`. "files": the older safetensors-bucket path
-    for vLLM builds without the weight-transfer API (local replicas only)."""
+    weight_transport: Literal["auto", "gloo", "nccl", "ipc", "files"] = "auto"
+    """Data plane of weight syncs, through vLLM's weight-transfer API. "auto": CUDA IPC
+    for vLLM colocated on the training GPUs, NCCL for vLLM on separate GPUs or servers,
+    gloo on CPU and to `agentrl serve`. "files": the older safetensors-bucket path for vLLM
+    builds without the weight-transfer API (local replicas only)."""
     weight_sync_host: str = ""
     """The trainer's address as remote replicas reach it (they join its gloo/NCCL
     rendezvous there); "" takes this machine's address on the route to each server."""
@@ -406,10 +407,10 @@ def check_engines(rollout: RolloutConfig) -> None:
         if parts.scheme != "http" or not parts.hostname or parts.port is None:
             raise ConfigError(f"rollout.remote_engines: {url!r} is not http://HOST:PORT "
                               "(the address `agentrl serve` prints)")
-    if rollout.weight_transport == "files" and rollout.remote_engines:
-        raise ConfigError('rollout.weight_transport = "files" needs a shared filesystem and '
-                          "works for local vLLM replicas only; remote_engines sync over "
-                          '"auto" (gloo or NCCL)')
+    if rollout.weight_transport in ("files", "ipc") and rollout.remote_engines:
+        raise ConfigError(f'rollout.weight_transport = "{rollout.weight_transport}" works '
+                          "for local vLLM replicas only (shared files / GPUs); "
+                          'remote_engines sync over "auto" (gloo or NCCL)')
     for name in ("weight_sync_bucket_mb", "weight_sync_timeout_s", "request_timeout_s"):
         if not getattr(rollout, name) > 0:
             raise ConfigError(f"rollout.{name} is {getattr(rollout, name)}; it must be > 0")

@@ -89,7 +89,7 @@ def build_engines(config: Config, model_dir: str | Path, tokenizer: Any,
         replicas.append(RemoteEngine(
             url, request_timeout_s=rollout.request_timeout_s,
             sync_timeout_s=rollout.weight_sync_timeout_s,
-            transport="auto" if rollout.weight_transport == "files" else rollout.weight_transport,
+            transport=rollout.weight_transport,
             advertise_host=rollout.weight_sync_host).connect())
     return EngineRouter(replicas, colocated=rollout.placement == "colocated",
                         sleep_level=rollout.sleep_level,
@@ -124,11 +124,12 @@ def _vllm_replica(config: Config, model_dir: str | Path, max_len: int, gpus: lis
                             **rollout.vllm_args}
     if rollout.tensor_parallel_size > 1:
         args["tensor_parallel_size"] = rollout.tensor_parallel_size
+    transport = rollout.weight_transport
+    if transport == "auto" and gpus:  # NCCL cannot join two ranks on one GPU: IPC there
+        transport = "ipc" if rollout.placement == "colocated" else "nccl"
     return VLLMEngine.from_pretrained(
         str(model_dir), dtype=str(dtype).removeprefix("torch."), seed=config.train.seed + index,
-        weight_transport=rollout.weight_transport,
-        sleep_mode=rollout.placement == "colocated",
-        visible_gpus=physical_gpus(gpus) if gpus else None,
+        weight_transport=transport, sleep_mode=rollout.placement == "colocated", gpus=gpus or None,
         sync_timeout_s=args.pop("sync_timeout_s", rollout.weight_sync_timeout_s),
         name=f"local vLLM replica {index}", **args)
 

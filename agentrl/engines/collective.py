@@ -11,6 +11,10 @@ only, outside ``torch.distributed``'s default group (which the trainer's own ran
   buffer. Used by ``agentrl serve`` and by vLLM on CPU.
 - ``nccl``: vLLM's own NCCL weight-transfer engine on the GPUs (``vllm`` must be
   installed on the trainer too); one broadcast per tensor, vLLM's unpacked wire format.
+- ``ipc``: CUDA IPC, for a replica on the trainer's own GPUs (colocated), where NCCL
+  cannot run (one GPU cannot hold two ranks of a communicator): each bucket is copied to
+  every GPU of the replica and the handles travel in the update message (vLLM's IPC
+  engine, unpacked format); nothing is broadcast.
 
 Every operation has a timeout (gloo) or runs where the caller bounds it (NCCL has no
 timeout of its own; ``agentrl.engines.weight_sync`` abandons a stuck call and raises).
@@ -83,6 +87,10 @@ class GlooSender:
         """Join the group as rank 0 (blocks until the replica's ranks join, or times out)."""
         assert self._store is not None, "open() first"
         self._group = _gloo_group(self._store, 0, self._world_size, self.timeout_s)
+
+    def describe(self, bucket: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+        """Extra fields of a bucket's update message (none: the data is broadcast)."""
+        return {}
 
     def send(self, tensors: list[torch.Tensor]) -> None:
         """Broadcast one bucket as a single flat byte buffer."""
@@ -157,6 +165,10 @@ class NcclSender:
                               "`pip install agentrl[gpu]` on the trainer too") from exc
         self._comm = trainer_init(self._info)
 
+    def describe(self, bucket: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+        """Extra fields of a bucket's update message (none: the data is broadcast)."""
+        return {}
+
     def send(self, tensors: list[torch.Tensor]) -> None:
         """One broadcast per tensor, in order (vLLM's unpacked receiver)."""
         stream = torch.cuda.current_stream()
@@ -172,10 +184,61 @@ class NcclSender:
             comm.destroy()
 
 
-def make_sender(transport: Transport, timeout_s: float) -> GlooSender | NcclSender:
-    """The trainer-side sender of a transport ("gloo" or "nccl")."""
+class IpcSender:
+    """CUDA IPC handles of each bucket, copied onto every GPU of a replica that shares
+    this machine's GPUs (vLLM's ``ipc`` engine reads the handle of its own GPU)."""
+
+    transport = "ipc"
+
+    def __init__(self, timeout_s: float, gpus: list[int]) -> None:
+        """``gpus``: the replica's GPU indices as this process sees them."""
+        self.timeout_s = timeout_s
+        self.gpus = gpus
+        self._alive: list[torch.Tensor] = []
+
+    def open(self, advertise_host: str, world_size: int) -> dict[str, Any]:
+        """No rendezvous: only the wire format (unpacked)."""
+        return {"packed": False}
+
+    def connect(self) -> None:
+        """Nothing to join."""
+
+    def describe(self, bucket: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+        """The handles of the bucket's copies, one per GPU (by GPU UUID), pickled as
+        vLLM's HTTP form ``ipc_handles_pickled`` expects."""
+        import base64
+        import pickle
+
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        self._alive = []
+        handles = []
+        for _, tensor in bucket:
+            per_gpu = {}
+            for gpu in self.gpus:
+                copy = tensor.detach().to(f"cuda:{gpu}").contiguous()
+                self._alive.append(copy)  # the replica reads it until its call returns
+                uuid = str(torch.cuda.get_device_properties(gpu).uuid)
+                per_gpu[uuid] = reduce_tensor(copy)[1]
+            handles.append(per_gpu)
+        torch.cuda.synchronize()
+        return {"ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}
+
+    def send(self, tensors: list[torch.Tensor]) -> None:
+        """Nothing to send: the handles are in the update message."""
+
+    def close(self) -> None:
+        """Release the last bucket's copies."""
+        self._alive = []
+
+
+def make_sender(transport: Transport, timeout_s: float,
+                gpus: list[int] | None = None) -> GlooSender | NcclSender | IpcSender:
+    """The trainer-side sender of a transport ("gloo", "nccl", "ipc" with ``gpus``)."""
     if transport == "gloo":
         return GlooSender(timeout_s)
     if transport == "nccl":
         return NcclSender(timeout_s)
-    raise ValueError(f'weight transport {transport!r}: use "gloo" or "nccl"')
+    if transport == "ipc":
+        return IpcSender(timeout_s, gpus or [torch.cuda.current_device()])
+    raise ValueError(f'weight transport {transport!r}: use "gloo", "nccl" or "ipc"')

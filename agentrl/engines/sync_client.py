@@ -82,9 +82,12 @@ class CollectiveSync:
     """A ``WeightReceiver`` for one replica: control plane calls + broadcasts."""
 
     def __init__(self, name: str, control: ControlPlane, transport: str,
-                 advertise_host: str, world_size: int, timeout_s: float) -> None:
+                 advertise_host: str, world_size: int, timeout_s: float,
+                 gpus: list[int] | None = None) -> None:
         """``world_size``: the replica's workers (its group has one more rank, the
-        trainer); ``advertise_host``: the trainer's address as the replica reaches it."""
+        trainer); ``advertise_host``: the trainer's address as the replica reaches it;
+        ``gpus``: the replica's GPUs (CUDA IPC only)."""
+        self.gpus = gpus
         self.name = name
         self.control = control
         self.transport = transport
@@ -107,7 +110,8 @@ class CollectiveSync:
         """The replica receives (control call) while the trainer broadcasts (data)."""
         sender = self._sender
         try:
-            self._both(in_thread(self.control.update_weights, update_info(bucket)),
+            info = {**update_info(bucket), **sender.describe(bucket)}
+            self._both(in_thread(self.control.update_weights, info),
                        in_thread(sender.send, [t for _, t in bucket]), "update_weights")
         except BaseException:
             self.close()
@@ -124,7 +128,7 @@ class CollectiveSync:
             sender.close()
 
     def _connect(self) -> None:
-        sender = make_sender(self.transport, self.sync_timeout_s)
+        sender = make_sender(self.transport, self.sync_timeout_s, self.gpus)
         init_info = sender.open(self.advertise_host, self.world_size + 1)
         self._both(in_thread(self.control.init_weight_transfer_engine, init_info),
                    in_thread(sender.connect), "init_weight_transfer_engine")

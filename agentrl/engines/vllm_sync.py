@@ -105,9 +105,9 @@ def scratch_dir() -> str | None:
 
 def transfer_backend(weight_transport: str) -> str | None:
     """The vLLM weight-transfer backend of a transport (None: the file fallback)."""
-    if weight_transport not in ("auto", "gloo", "nccl", "files"):
+    if weight_transport not in ("auto", "gloo", "nccl", "ipc", "files"):
         raise ValueError(f'weight_transport {weight_transport!r}: use "auto", "gloo", '
-                         '"nccl" or "files"')
+                         '"nccl", "ipc" or "files"')
     if weight_transport == "files":
         return None
     if importlib.util.find_spec("vllm.distributed.weight_transfer") is None:
@@ -131,17 +131,16 @@ def can_sleep() -> bool:
 
 
 @contextlib.contextmanager
-def visible_gpus_env(gpus: str | None) -> Iterator[None]:
-    """CUDA_VISIBLE_DEVICES = ``gpus`` while vLLM starts its processes."""
-    if gpus is None:
-        yield
-        return
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+def engine_env(**values: str | None) -> Iterator[None]:
+    """Environment variables set (those given as None left alone) while vLLM starts its
+    processes, which inherit them: CUDA_VISIBLE_DEVICES, VLLM_ALLOW_INSECURE_SERIALIZATION."""
+    before = {k: os.environ.get(k) for k, v in values.items() if v is not None}
+    os.environ.update({k: v for k, v in values.items() if v is not None})
     try:
         yield
     finally:
-        if before is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -3,6 +3,7 @@ extension. Importing this module needs vllm (>= 0.32) and registers two backends
 vLLM's public ``WeightTransferEngineFactory``:
 
 - ``agentrl_nccl``: vLLM's NCCL engine (GPU), plus re-tying of shared parameters;
+- ``agentrl_ipc``: vLLM's CUDA IPC engine (a replica on the trainer's GPUs), the same;
 - ``agentrl_gloo``: the same lifecycle over a gloo group (``agentrl.engines.collective``),
   for vLLM on CPU (tests) and CPU-only trainers.
 
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 from vllm.distributed.weight_transfer import WeightTransferEngine, WeightTransferEngineFactory
 from vllm.distributed.weight_transfer.base import WeightTransferInitInfo
+from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
 from vllm.distributed.weight_transfer.nccl_engine import (
     NCCLWeightTransferEngine,
     NCCLWeightTransferUpdateInfo,
@@ -83,6 +85,19 @@ class RetiedNCCLWeightTransferEngine(NCCLWeightTransferEngine):
     def finish_weight_update(self) -> None:
         """Finish the reload, then re-tie."""
         _finish(self, self._ties)
+
+
+class RetiedIPCWeightTransferEngine(IPCWeightTransferEngine):
+    """vLLM's CUDA IPC weight transfer (colocated replicas), re-tying after each update."""
+
+    def start_weight_update(self) -> None:
+        """Layerwise reload, remembering which parameters are shared."""
+        self._ties = _begin(self)
+
+    def finish_weight_update(self) -> None:
+        """Finish the reload (and release the imported handles), then re-tie."""
+        super().finish_weight_update()
+        retie(self.model, self._ties)
 
 
 @dataclass
@@ -179,6 +194,7 @@ class WeightLoaderExtension:
 def register() -> None:
     """Register the backends (once per process; the factory refuses a second time)."""
     for name, cls in (("agentrl_nccl", RetiedNCCLWeightTransferEngine),
+                      ("agentrl_ipc", RetiedIPCWeightTransferEngine),
                       ("agentrl_gloo", GlooWeightTransferEngine)):
         try:
             WeightTransferEngineFactory.register_engine(name, cls)

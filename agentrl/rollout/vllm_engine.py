@@ -85,6 +85,7 @@ class VLLMEngine:
         world_size: int = 1,
         sleep_mode: bool = False,
         name: str = "vLLM engine",
+        gpus: list[int] | None = None,
     ) -> None:
         """Wrap a started ``AsyncLLM`` living on ``loop`` (run by ``thread``);
         ``transfer_backend``: its weight-transfer backend (None: the file fallback)."""
@@ -98,6 +99,7 @@ class VLLMEngine:
         self.world_size = world_size
         self.sleep_mode = sleep_mode
         self.name = name
+        self.gpus = gpus
         self.weight_version = 0
         self._request_ids = itertools.count()
         self._num_in_flight = 0
@@ -119,7 +121,7 @@ class VLLMEngine:
         start_timeout_s: float = 600.0,
         weight_transport: str = "auto",
         sleep_mode: bool = False,
-        visible_gpus: str | None = None,
+        gpus: list[int] | None = None,
         name: str = "vLLM engine",
         **engine_kwargs: Any,
     ) -> VLLMEngine:
@@ -127,11 +129,13 @@ class VLLMEngine:
 
         ``gpu_memory_utilization`` is a fraction of GPU memory (of host memory on the CPU
         build); ``kv_cache_memory_bytes`` sizes the KV cache directly instead (CPU tests).
-        ``weight_transport``: "auto" (NCCL on GPUs, gloo on CPU), "nccl", "gloo", "files";
+        ``weight_transport``: "auto" (NCCL on GPUs, gloo on CPU), "nccl", "ipc" (a replica
+        on the trainer's own GPUs), "gloo", "files";
         ``sleep_mode``: enable vLLM's sleep mode (colocated with training; GPU only);
-        ``visible_gpus``: CUDA_VISIBLE_DEVICES for vLLM's processes ("4,5").
+        ``gpus``: the GPUs (as this process numbers them) vLLM's processes get.
         ``engine_kwargs`` go to ``vllm.AsyncEngineArgs``."""
-        from agentrl.engines.vllm_sync import can_sleep, transfer_backend, visible_gpus_env
+        from agentrl.engines.build import physical_gpus
+        from agentrl.engines.vllm_sync import can_sleep, engine_env, transfer_backend
 
         path = Path(path)
         if dtype not in ("float32", "bfloat16"):
@@ -167,13 +171,16 @@ class VLLMEngine:
             return AsyncLLM.from_engine_args(args)
 
         try:
-            with visible_gpus_env(visible_gpus):  # vLLM's processes inherit the environment
+            # vLLM's processes inherit the environment; CUDA IPC handles arrive pickled
+            with engine_env(CUDA_VISIBLE_DEVICES=physical_gpus(gpus) if gpus else None,
+                            VLLM_ALLOW_INSECURE_SERIALIZATION="1" if backend == "agentrl_ipc"
+                            else None):
                 llm = asyncio.run_coroutine_threadsafe(start(), loop).result(start_timeout_s)
         except BaseException:
             loop.call_soon_threadsafe(loop.stop)
             raise
         return cls(llm, loop, thread, expected, tied, sync_timeout_s, backend, world_size,
-                   sleep_mode, name)
+                   sleep_mode, name, gpus)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        key: str | None = None) -> Generation:
@@ -310,9 +317,9 @@ class VLLMEngine:
             return FileSync(self)
         from agentrl.engines.sync_client import CollectiveSync
 
-        transport = "nccl" if self.transfer_backend == "agentrl_nccl" else "gloo"
+        transport = self.transfer_backend.removeprefix("agentrl_")
         return CollectiveSync(self.name, AsyncLLMControl(self), transport, "127.0.0.1",
-                              self.world_size, self.sync_timeout_s)
+                              self.world_size, self.sync_timeout_s, self.gpus)
 
     def _guarded(self, call: Any, *args: Any) -> None:
         try:

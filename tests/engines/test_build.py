@@ -44,7 +44,8 @@ def test_gpu_indices_map_through_cuda_visible_devices(monkeypatch):
     ({"num_engines": -1}, "num_engines is -1"),
     ({"tensor_parallel_size": 2}, 'needs engine = "vllm"'),
     ({"remote_engines": ["10.0.0.2:8000"]}, "'10.0.0.2:8000' is not http://HOST:PORT"),
-    ({"remote_engines": ["http://a:1"], "weight_transport": "files"}, "shared filesystem"),
+    ({"remote_engines": ["http://a:1"], "weight_transport": "files"}, "local vLLM replicas"),
+    ({"remote_engines": ["http://a:1"], "weight_transport": "ipc"}, "local vLLM replicas"),
     ({"weight_sync_timeout_s": 0}, "weight_sync_timeout_s is 0"),
 ])
 def test_engine_settings_that_cannot_run_are_refused(rollout, message):
