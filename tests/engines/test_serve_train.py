@@ -5,17 +5,12 @@ to them after every step (no shared filesystem: gloo over TCP)."""
 from __future__ import annotations
 
 import json
-import queue
-import subprocess
-import sys
-import threading
-import time
-from pathlib import Path
 
 import pytest
 
 from agentrl.cli import main
 from agentrl.engines.remote import RemoteEngine
+from agentrl.engines.spawn import spawn_servers
 from tests.engines.servers import engine_on
 from tests.engines.test_remote import greedy_ids
 
@@ -53,45 +48,17 @@ id = "tests.train.test_train_e2e:ShortAnswerEnv"
 """
 
 
-def start_serve(config: Path) -> tuple[subprocess.Popen, str]:
-    """`agentrl serve CONFIG --port 0` as a process; returns it and its URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrl.cli", "serve", str(config), "--host", "127.0.0.1",
-         "--port", "0", "--threads", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout],
-                     daemon=True).start()
-    deadline = time.monotonic() + 120
-    seen = []
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=1)
-        except queue.Empty:
-            if proc.poll() is not None:
-                break
-            continue
-        seen.append(line)
-        if line.startswith("agentrl serve:"):
-            return proc, line.split(" on ")[1].split()[0]
-    proc.kill()
-    raise AssertionError("agentrl serve did not start:\n" + "".join(seen))
-
-
 @pytest.fixture
 def two_servers(ckpt_b, tmp_path):
     """Two servers on checkpoint B (the trainer starts from A: only syncs align them)."""
     config = tmp_path / "serve.toml"
     config.write_text(SERVE_CONFIG.format(model=ckpt_b))
-    procs = []
+    servers = spawn_servers(config, 2, threads=1)
     try:
-        for _ in range(2):
-            procs.append(start_serve(config))
-        yield [url for _, url in procs]
+        yield [server.url for server in servers]
     finally:
-        for proc, _ in procs:
-            proc.terminate()
-            proc.wait(timeout=30)
+        for server in servers:
+            server.stop()
 
 
 def test_training_generates_on_two_servers_and_keeps_their_weights_in_step(
