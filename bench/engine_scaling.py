@@ -1,7 +1,7 @@
 """Engine replicas: rollouts/s with 1, 2 and 4 `agentrl serve` replicas, and weight-sync
 seconds per GB; plus the GPU checks that ``bench/gpu_acceptance.py`` runs.
 
-    python -m bench.engine_scaling [--rollouts 64] [--latency-ms 100] [--sync-mb 400]
+    python -m bench.engine_scaling [--rollouts 64] [--latency-ms 100] [--sync-mb 400] [--hidden 256]
     python -m bench.engine_scaling --gpu [--dry-run]
 
 CPU figures: each replica is its own `agentrl serve` process (built-in engine, one torch
@@ -38,6 +38,7 @@ from agentrl.engines.spawn import spawn_servers
 from agentrl.model import build_tiny_checkpoint, load_pretrained, load_tokenizer
 from agentrl.rollout.engine import SamplingParams
 from agentrl.rollout.runner import RolloutRunner
+from agentrl.rollout.torch_engine import TorchEngine
 from agentrl.sampler import EnvironmentSampler
 from agentrl.types import Message
 
@@ -76,17 +77,17 @@ class ToolLatencyEnv:
         return ([] if done else [Message("user", f"result {self.turn}")]), 0.0, done, False, {}
 
 
-def rollouts_per_second(urls: list[str], tokenizer: Any, rollouts: int,
+def rollouts_per_second(engines: list[Any], tokenizer: Any, rollouts: int,
                         latency_s: float) -> float:
-    """One collection of ``rollouts`` 3-turn rollouts over the given servers."""
+    """One collection of ``rollouts`` 3-turn rollouts over the given replicas."""
     config = config_from_dict({
         "environments": [{"id": "bench:ToolLatencyEnv", "name": "tool"}],
         "batch": {"rollout_batch_size": rollouts // 4, "n_samples_per_prompt": 4,
                   "global_batch_size": rollouts},
         "rollout": {"max_new_tokens": 16, "max_turns": 3, "max_concurrent_rollouts": rollouts,
-                    "remote_engines": urls, "step_timeout_s": 60},
+                    "step_timeout_s": 60},
     })
-    router = EngineRouter([RemoteEngine(url).connect() for url in urls])
+    router = EngineRouter(engines)
     runner = RolloutRunner(config, router, tokenizer, EnvironmentSampler({"tool": 1.0}, 0),
                            make_env=lambda _: ToolLatencyEnv(3, latency_s))
     start = time.perf_counter()
@@ -109,17 +110,26 @@ def sync_seconds_per_gb(urls: list[str], model: torch.nn.Module) -> tuple[float,
 
 def scaling(args: argparse.Namespace, tmp: Path) -> None:
     """Rollouts/s with 1, 2, 4 replicas, without and with tool latency."""
-    model_dir = build_tiny_checkpoint(tmp / "tiny", hidden_size=64, vocab_size=400)
+    model_dir = build_tiny_checkpoint(tmp / "tiny", hidden_size=args.hidden, num_layers=4,
+                                      vocab_size=400)
     config = tmp / "serve.toml"
     config.write_text(SERVE.format(model=model_dir, slots=args.rollouts))
     servers = spawn_servers(config, 4, threads=1)
     tokenizer = load_tokenizer(model_dir)
+    local = TorchEngine(load_pretrained(model_dir, attention="torch").eval(), tokenizer,
+                        max_batch_size=args.rollouts, max_len=1024)
     try:
         for latency_ms in (0, args.latency_ms):
+            def best(engines: list[Any], latency_s: float = latency_ms / 1000) -> float:
+                return max(rollouts_per_second(engines, tokenizer, args.rollouts, latency_s)
+                           for _ in range(args.repeats))
+
+            in_process = best([local])
+            print(f"tool latency {latency_ms:4d} ms, in-process engine: {in_process:7.2f} "
+                  "rollouts/s (no HTTP; the baseline of the protocol's cost)", flush=True)
             base = None
             for n in (1, 2, 4):
-                rate = rollouts_per_second([s.url for s in servers[:n]], tokenizer,
-                                           args.rollouts, latency_ms / 1000)
+                rate = best([RemoteEngine(s.url).connect() for s in servers[:n]])
                 base = base or rate
                 print(f"tool latency {latency_ms:4d} ms, {n} replica(s): {rate:7.2f} rollouts/s"
                       f"  scaling {rate / base:4.2f}x", flush=True)
@@ -291,6 +301,10 @@ def main() -> int:
     parser.add_argument("--rollouts", type=int, default=64)
     parser.add_argument("--latency-ms", type=int, default=100)
     parser.add_argument("--sync-mb", type=int, default=400)
+    parser.add_argument("--hidden", type=int, default=256,
+                        help="hidden size of the 4-layer model the replicas generate with")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="collections per setting; the fastest counts (shared machines)")
     parser.add_argument("--gpu", action="store_true", help="run the GPU acceptance checks")
     parser.add_argument("--dry-run", action="store_true", help="with --gpu: on the CPU")
     args = parser.parse_args()
