@@ -51,7 +51,7 @@ async def request_json(url: str, path: str, payload: Any | None, timeout_s: floa
             _exchange(host, port, method, path, body), timeout_s)
     except TimeoutError:
         raise ReplicaUnavailableError(
-            f"{url}{path} did not answer within {timeout_s:.0f} s") from None
+            f"{url}{path} did not answer within {timeout_s:g} s") from None
     except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
         raise ReplicaUnavailableError(f"{url}{path} unreachable: {exc}") from exc
     return _decode(url + path, status, data)
@@ -136,7 +136,7 @@ def post_json_blocking(url: str, path: str, payload: Any | None, timeout_s: floa
         return _decode(url + path, exc.code, exc.read())
     except TimeoutError:
         raise ReplicaUnavailableError(
-            f"{url}{path} did not answer within {timeout_s:.0f} s") from None
+            f"{url}{path} did not answer within {timeout_s:g} s") from None
     except (urllib.error.URLError, OSError) as exc:
         raise ReplicaUnavailableError(f"{url}{path} unreachable: {exc}") from exc
 

@@ -86,3 +86,36 @@ def test_training_uses_every_local_replica_and_keeps_them_in_step(tmp_path):
         for name, param in run.model.named_parameters():
             assert torch.equal(replica.model.get_parameter(name), param.detach())
         assert replica.is_sleeping  # colocated (the default): asleep after a collection
+
+
+def test_serve_needs_a_model_folder(tmp_path, capsys):
+    from agentrl.cli import main
+
+    config = tmp_path / "serve.toml"
+    config.write_text('[[environments]]\nid = "agentrl/Countdown-v0"\n')
+    assert main(["serve", str(config), "--port", "0"]) == 2
+    assert "agentrl serve needs model.path" in capsys.readouterr().err
+
+
+def test_vllm_serve_flags_make_vllm_speak_the_protocol(tmp_path):
+    from agentrl.commands.serve import vllm_serve_command
+    from agentrl.model import build_tiny_checkpoint
+
+    model = build_tiny_checkpoint(tmp_path / "m", hidden_size=32, num_heads=2, num_kv_heads=1,
+                                  vocab_size=300, max_position_embeddings=2048)
+    cfg = config_from_dict({"environments": ENV, "model": {"path": str(model)},
+                            "rollout": {"engine": "vllm", "tensor_parallel_size": 2,
+                                        "placement": "separate",
+                                        "vllm_args": {"enforce_eager": True,
+                                                      "gpu_memory_utilization": 0.8}}})
+    argv, env = vllm_serve_command(cfg, "0.0.0.0", 8001)
+    flags = dict(zip(argv[3::2], argv[4::2], strict=False))
+    assert argv[:3] == ["vllm", "serve", str(model)] and env == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert flags["--port"] == "8001" and flags["--tensor-parallel-size"] == "2"
+    assert flags["--logprobs-mode"] == "processed_logprobs"
+    assert flags["--generation-config"] == "vllm"
+    assert flags["--max-model-len"] == "2048"  # 4096 + 2048 capped by the model's positions
+    assert flags["--weight-transfer-config"] == '{"backend": "agentrl_gloo"}'  # no GPU here
+    assert "agentrl.engines.vllm_transfer" in flags["--worker-extension-cls"]
+    assert "--enforce-eager" in argv and argv[argv.index("--gpu-memory-utilization") + 1] == "0.8"
+    assert "--enable-sleep-mode" not in argv

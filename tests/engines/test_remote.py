@@ -133,9 +133,11 @@ def test_a_sync_that_times_out_raises_instead_of_hanging(ckpt_a, serve):
     server = serve(NeverJoins(engine_on(ckpt_a), load_tokenizer(ckpt_a), "tiny"))
     remote = RemoteEngine(server.url, sync_timeout_s=1.5).connect()
     begin = time.monotonic()
+    # whichever notices first (all after 1.5 s): our wait for the server's call, that
+    # call's HTTP timeout, or gloo's own rendezvous timeout
     with pytest.raises(WeightSyncError, match=f"weight sync to {server.url} failed in start: "
-                                              "init_weight_transfer_engine did not finish "
-                                              "within 1.5 s"):
+                                              ".*(did not (finish|answer) within 1.5 s|"
+                                              "[Tt]imeout|timed out)"):
         remote.update_weights(weights_of(ckpt_a))
     assert time.monotonic() - begin < 8.0
 
