@@ -176,6 +176,8 @@ def build_run(
                                 resume_step=state.step if resume else None)
     if engine is not None and engine.needs_initial_sync:  # servers started elsewhere
         engine.update_weights(policy_weights(model), version=state.step)
+    elif engine is not None:  # the replicas loaded this step's checkpoint themselves
+        engine.adopt_version(state.step)
     if is_main:
         runner = build_runner(config, engine, tokenizer, sampler)
     args = model.config

@@ -108,6 +108,11 @@ class EngineRouter:
                 self._home.popitem(last=False)
         return index
 
+    def adopt_version(self, version: int) -> None:
+        """Replicas that loaded the checkpoint of step ``version`` themselves serve it."""
+        for replica in self.replicas:
+            replica.weight_version = version
+
     def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> None:
         """Push new weights to every replica in service, bucket by bucket, in one pass."""
         healthy = [self.replicas[i] for i in self._healthy()]

@@ -136,6 +136,9 @@ def test_weight_sync_reads_the_pairs_once_and_gives_every_replica_every_bucket()
     assert router.weight_version == 1
     router.update_weights({"w": torch.zeros(1)}, version=7)  # a state dict works too
     assert router.weight_version == 7 and replicas[0].buckets[-1] == ["w"]
+    router.adopt_version(3)  # e.g. replicas that loaded step 3's checkpoint on a resume
+    router.update_weights({"w": torch.zeros(1)})
+    assert [r.weight_version for r in replicas] == [4, 4, 4]
 
 
 def test_buckets_cast_to_the_engine_dtype():
