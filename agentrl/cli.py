@@ -22,6 +22,7 @@ COMMANDS = {
     "check-env": "agentrl.commands.check_env",
     "report": "agentrl.commands.report",
     "view": "agentrl.commands.view",
+    "serve": "agentrl.commands.serve",
 }
 
 

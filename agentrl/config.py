@@ -151,6 +151,40 @@ class RolloutConfig(_Section):
     """Characters of content one reset or step may return (all its messages together);
     >= 1. An environment that returns more breaks its contract: that rollout is invalid
     (``bad_observation``). Tools of an AgentEnv are cut well below it, with a marker."""
+    num_engines: NonNegativeInt | None = None
+    """Inference replicas the trainer starts itself (engines): each a TorchEngine with its
+    own copy of the model, or a vLLM engine of tensor_parallel_size GPUs. Rollouts are
+    spread over all replicas by load. None: 1, or 0 when remote_engines are given."""
+    tensor_parallel_size: PositiveInt = 1
+    """GPUs per vLLM replica (tensor parallel); the built-in engine uses 1."""
+    placement: Literal["colocated", "separate"] = "colocated"
+    """Where local replicas run. "colocated": on the training GPUs (replica i on GPUs
+    i·tp ...), asleep while the trainer trains (vLLM sleep mode; the built-in engine frees
+    its KV cache), woken for the weight sync and generation. "separate": on GPUs of their
+    own after the training GPUs (replica i on GPUs T + i·tp ..., T = training GPUs)."""
+    sleep_level: Literal[1, 2] = 1
+    """Colocated vLLM: 1 keeps a copy of the weights in host memory while asleep; 2 drops
+    them (every sync sends all weights anyway; saves host memory)."""
+    remote_engines: list[str] = []
+    """Replicas served elsewhere, as base URLs ("http://10.0.0.2:8000"): `agentrl serve
+    CONFIG` or `vllm serve` with the flags in docs/vllm.md. Driven token-in/token-out over
+    HTTP; the trainer pushes its weights to them at start and after every step."""
+    request_timeout_s: PositiveFloat = 600.0
+    """Seconds one generation request to a remote replica may take; past it, or when the
+    server cannot be reached, the rollout is invalid and the replica leaves service."""
+    weight_transport: Literal["auto", "gloo", "nccl", "ipc", "files"] = "auto"
+    """Data plane of weight syncs, through vLLM's weight-transfer API. "auto": CUDA IPC
+    for vLLM colocated on the training GPUs, NCCL for vLLM on separate GPUs or servers,
+    gloo on CPU and to `agentrl serve`. "files": the older safetensors-bucket path for vLLM
+    builds without the weight-transfer API (local replicas only)."""
+    weight_sync_host: str = ""
+    """The trainer's address as remote replicas reach it (they join its gloo/NCCL
+    rendezvous there); "" takes this machine's address on the route to each server."""
+    weight_sync_bucket_mb: PositiveInt = 256
+    """MiB of tensors per bucket of a weight sync (memory held at once while syncing)."""
+    weight_sync_timeout_s: PositiveFloat = 300.0
+    """Seconds each step of a weight sync (one bucket, start, finish) may take before the
+    sync fails with an error naming the replica."""
 
 
 class CompactionConfig(_Section):
@@ -373,6 +407,7 @@ def validate(config: Config) -> None:
     check_loss(config.loss)
     check_environments(config)
     check_deterministic(config)
+    check_engines(config.rollout)
     from agentrl.accounting import plan_batches
 
     plan_batches(config)  # raises ConfigError when the batch knobs do not divide
@@ -414,3 +449,31 @@ def check_environments(config: Config) -> None:
         if name in names:
             raise ConfigError(f"two environments are named {name!r}; set a distinct `name`")
         names.add(name)
+
+
+def check_engines(rollout: RolloutConfig) -> None:
+    """Replica counts, parallelism and server URLs that can run."""
+    import urllib.parse
+
+    if num_local_engines(rollout) + len(rollout.remote_engines) < 1:
+        raise ConfigError("rollout.num_engines = 0 and no rollout.remote_engines: nothing "
+                          "would generate; start a local engine or list a server")
+    if rollout.tensor_parallel_size > 1 and rollout.engine != "vllm":
+        raise ConfigError(f"rollout.tensor_parallel_size = {rollout.tensor_parallel_size} "
+                          'needs engine = "vllm"; the built-in engine runs on one device')
+    for url in rollout.remote_engines:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname or parts.port is None:
+            raise ConfigError(f"rollout.remote_engines: {url!r} is not http://HOST:PORT "
+                              "(the address `agentrl serve` prints)")
+    if rollout.weight_transport in ("files", "ipc") and rollout.remote_engines:
+        raise ConfigError(f'rollout.weight_transport = "{rollout.weight_transport}" works '
+                          "for local vLLM replicas only (shared files / GPUs); "
+                          'remote_engines sync over "auto" (gloo or NCCL)')
+
+
+def num_local_engines(rollout: RolloutConfig) -> int:
+    """Replicas the trainer starts: num_engines, or its default (1; 0 with servers)."""
+    if rollout.num_engines is not None:
+        return rollout.num_engines
+    return 0 if rollout.remote_engines else 1

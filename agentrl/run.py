@@ -12,6 +12,7 @@ trains on its share of the rows, and FSDP2 sums the gradients over ranks.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from agentrl.config import Config
 from agentrl.metric_writers import MultiWriter, build_writers
 from agentrl.packing import CostModel
 from agentrl.parallel import groups
-from agentrl.parallel.fsdp import iter_full_parameters, load_sharded
+from agentrl.parallel.fsdp import compute_dtype, iter_full_parameters, load_sharded
 from agentrl.parallel.timeouts import Timeouts, timeouts
 from agentrl.sampler import EnvironmentSampler
 from agentrl.schedule import build_optimizer, build_scheduler
@@ -93,8 +94,13 @@ class Run:
         """One collection of the plan's rollouts on rank 0, shared with every rank."""
         from agentrl.rollout.runner import CollectionResult
 
-        result = self.on_main(f"collection/{step}", lambda: self.loop.run_until_complete(
-            self.runner.collect(step, self.plan.num_rollouts)))
+        def work() -> Any:
+            result = self.loop.run_until_complete(
+                self.runner.collect(step, self.plan.num_rollouts))
+            self.engine.release_memory()  # colocated replicas sleep while training
+            return result
+
+        result = self.on_main(f"collection/{step}", work)
         if not groups.is_distributed(self.process_group):
             return result
         payload = msgspec.msgpack.encode(result) if self.is_main else None
@@ -122,15 +128,27 @@ class Run:
             return {}
         return self.rollout_log.write(step, rollouts, rows, advantages)
 
-    def sync_weights(self) -> None:
-        """Give rank 0's engine the new policy, gathered one parameter at a time in the
-        compute dtype (collective: every rank takes part in each gather)."""
+    def first_sync(self) -> None:
+        """At start (or resume): replicas that loaded the folder themselves serve version
+        ``state.step``; servers started elsewhere are sent the weights (collective)."""
+        engine = self.engine
+        needed = groups.broadcast_object(
+            engine.needs_initial_sync if self.is_main else None, self.process_group)
+        if needed:
+            self.sync_weights(version=self.state.step)
+        elif engine is not None:
+            engine.adopt_version(self.state.step)
+
+    def sync_weights(self, version: int | None = None) -> None:
+        """Push the policy to every inference replica, gathered one parameter at a time in
+        the engines' dtype (collective: every rank takes part in each gather; rank 0's
+        router buckets and sends them). ``version`` defaults to the served version + 1."""
         tensors = iter_full_parameters(self.model, self.compute_dtype)
         if self.engine is None:
             for _ in tensors:  # ranks 1..N: take part in each gather
                 pass
             return
-        self.engine.update_weights(dict(tensors))
+        self.engine.update_weights(tensors, version)
 
 
 def eval_metrics(accuracy: dict[str, float]) -> dict[str, float]:
@@ -148,8 +166,6 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
     With ``resume`` the newest checkpoint in ``run_dir`` provides the weights, optimizer,
     scheduler, sampler, RNG states and counters, so the run continues exactly.
     """
-    from agentrl.model import load_tokenizer
-
     limits = timeouts(config)
     group = groups.init_process_group(limits.collective_s)
     is_main = groups.get_rank(group) == 0
@@ -183,29 +199,49 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
     if checkpoint is not None:
         state = load_training_state(checkpoint, model, optimizer, scheduler)
         sampler.load_state_dict(state.sampler)
-    tokenizer = engine = runner = rollout_log = None
-    writers: Any = MultiWriter([])
-    if is_main:
-        tokenizer = load_tokenizer(model_dir)
-        engine = build_engine(config, load_engine_model(config, model_dir, compute, attention,
-                                                        device), tokenizer, model_dir)
-        runner = build_runner(config, engine, tokenizer, sampler)
-        write_run_config(config, run_dir)
-        writers = build_writers(run_dir, config.train.num_steps, config.log.live,
-                                config.log.tensorboard,
-                                resume_step=state.step if resume else None)
-        rollout_log = build_rollout_log(config, run_dir, tokenizer,
-                                        resume_step=state.step if resume else None)
+    # rank 0 alone builds the engine replicas (vLLM starts in minutes), the runner and
+    # the writers, while the other ranks wait outside any collective
+    main_side = groups.run_on_main(
+        "setup/engine", lambda: _main_side(config, run_dir, model, model_dir, sampler, state,
+                                           resume, group),
+        limits.wait_for_rank0_s, group)
+    tokenizer, engine, runner, writers, rollout_log = main_side or (
+        None, None, None, MultiWriter([]), None)
     args = model.config
     cost = CostModel.from_model_args(
         args.hidden_size, args.num_hidden_layers, args.intermediate_size, args.vocab_size,
         num_kv_heads_ratio=args.num_key_value_heads / args.num_attention_heads)
-    return Run(config=config, run_dir=run_dir, model=model, tokenizer=tokenizer,
-               tokenizer_dir=model_dir, engine=engine, runner=runner, sampler=sampler,
-               optimizer=optimizer, scheduler=scheduler, writers=writers, state=state,
-               plan=plan_batches(config), cost=cost, timeouts=limits, compute_dtype=compute,
-               process_group=group, reference=reference,
-               rollout_log=rollout_log)
+    run = Run(config=config, run_dir=run_dir, model=model, tokenizer=tokenizer,
+              tokenizer_dir=model_dir, engine=engine, runner=runner, sampler=sampler,
+              optimizer=optimizer, scheduler=scheduler, writers=writers, state=state,
+              plan=plan_batches(config), cost=cost, timeouts=limits, compute_dtype=compute,
+              process_group=group, reference=reference, rollout_log=rollout_log)
+    run.first_sync()
+    return run
+
+
+def _main_side(config: Config, run_dir: Path, model: Any, model_dir: Path,
+               sampler: EnvironmentSampler, state: TrainerState, resume: bool,
+               group: dist.ProcessGroup) -> tuple[Any, Any, Any, Any, Any]:
+    """Rank 0's part of a run: (tokenizer, engine, runner, writers, rollout sample log)."""
+    from agentrl.model import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    engine = build_engine(config, model, tokenizer, model_dir,
+                          num_training_gpus=training_gpus_here(group))
+    runner = build_runner(config, engine, tokenizer, sampler)
+    write_run_config(config, run_dir)
+    resume_step = state.step if resume else None
+    writers = build_writers(run_dir, config.train.num_steps, config.log.live,
+                            config.log.tensorboard, resume_step=resume_step)
+    rollout_log = build_rollout_log(config, run_dir, tokenizer, resume_step)
+    return tokenizer, engine, runner, writers, rollout_log
+
+
+def training_gpus_here(group: dist.ProcessGroup | None) -> int:
+    """Training ranks on this machine (torchrun's LOCAL_WORLD_SIZE): the GPUs colocated
+    replicas share and separate ones come after."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", groups.get_world_size(group)))
 
 
 def _model_folders(config: Config, run_dir: Path, resume: bool
@@ -230,13 +266,6 @@ def read_model_state(model_dir: Path) -> dict[str, torch.Tensor]:
     return {k: v.float() for k, v in state.items()}
 
 
-def compute_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``model.dtype`` as a torch dtype; "auto" is bfloat16 on a GPU, float32 on the CPU."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
-
-
 def announce_attention(choice: str, dtype: torch.dtype, device: torch.device,
                        is_main: bool) -> str:
     """The attention backend to build the model with; rank 0 says once which and why."""
@@ -246,16 +275,6 @@ def announce_attention(choice: str, dtype: torch.dtype, device: torch.device,
     if is_main:
         print(f"attention: {why}", flush=True)
     return backend
-
-
-def load_engine_model(config: Config, model_dir: Path, dtype: torch.dtype, attention: str,
-                      device: torch.device) -> Any:
-    """The engine's own copy of the policy in the compute dtype (vLLM loads its own)."""
-    from agentrl.model import load_pretrained
-
-    if config.rollout.engine == "vllm":
-        return None
-    return load_pretrained(model_dir, dtype=dtype, attention=attention, device=device).eval()
 
 
 def seed_everything(seed: int) -> None:
@@ -280,29 +299,14 @@ def resolve_model_dir(config: Config, run_dir: Path) -> Path:
     return tiny
 
 
-def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path) -> Any:
-    """The inference engine: the torch engine over ``model`` (its own copy, never the
-    trainer's sharded module), or vLLM loading ``model_dir`` itself."""
-    from agentrl.model import read_args
+def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path | str,
+                 num_training_gpus: int = 1) -> Any:
+    """The inference side: a router over the configured replicas (``agentrl.engines``),
+    each loading ``model_dir`` itself (it never shares the trainer's parameters)."""
+    from agentrl.engines.build import build_engines
 
-    rollout = config.rollout
-    if config.compaction.strategy != "none":
-        max_len = config.compaction.max_context_tokens + rollout.max_new_tokens + 1
-    else:
-        max_len = rollout.max_rollout_tokens + 2048  # generated tokens + prompt/observations
-    max_len = min(max_len, read_args(Path(model_dir)).max_position_embeddings)
-    if rollout.engine == "vllm":
-        from agentrl.rollout.vllm_engine import VLLMEngine
-
-        dtype = compute_dtype(config.model.dtype, groups.local_device())
-        args = {"gpu_memory_utilization": 0.5, "max_model_len": max_len, **rollout.vllm_args}
-        return VLLMEngine.from_pretrained(str(model_dir), dtype=str(dtype).removeprefix("torch."),
-                                          seed=config.train.seed, **args)
-    from agentrl.rollout.torch_engine import TorchEngine
-
-    return TorchEngine(model, tokenizer, max_batch_size=rollout.max_concurrent_rollouts,
-                       max_len=max_len, seed=config.train.seed,
-                       batch_invariant=config.train.deterministic)
+    return build_engines(config, model_dir, tokenizer, model.config.max_position_embeddings,
+                         num_training_gpus=num_training_gpus)
 
 
 def build_runner(config: Config, engine: Any, tokenizer: Any,

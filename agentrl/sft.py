@@ -116,14 +116,18 @@ class DemoEngine:
         self.tokenizer = tokenizer
         self.policy = policy
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    weight_version = 0
+    """A script has one version."""
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       key: str | None = None) -> Generation:
         """Decode the prompt, ask the policy, encode its reply plus the end-of-turn token."""
         text = self.policy(self.tokenizer.decode(prompt_ids))
         ids = self.tokenizer.encode(text)[: params.max_tokens - 1]
         ids.append(self.tokenizer.eos_token_id)
         return Generation(ids, [0.0] * len(ids), "stop")
 
-    def update_weights(self, state_dict: dict) -> None:
+    def update_weights(self, named_tensors: Any, version: int | None = None) -> None:
         """Nothing to update: the policy is a script."""
 
 

@@ -71,6 +71,11 @@ OUT_OF_RANGE = [
     ("train.collective_timeout_s", 0, "a finite number > 0"),
     ("train.max_invalid_fraction", 1.5, "a finite number in [0, 1]"),
     ("rollout.max_observation_chars", 0, "an integer >= 1"),
+    ("rollout.num_engines", -1, "an integer >= 0"),
+    ("rollout.tensor_parallel_size", 0, "an integer >= 1"),
+    ("rollout.request_timeout_s", 0.0, "a finite number > 0"),
+    ("rollout.weight_sync_bucket_mb", 0, "an integer >= 1"),
+    ("rollout.weight_sync_timeout_s", -1.0, "a finite number > 0"),
     ("log.rollouts_every", -1, "an integer >= 0"),
     ("log.rollouts_random_per_env", -2, "an integer >= 0"),
     ("train.wait_for_rank0_timeout_s", -5.0, "a finite number > 0"),
@@ -142,8 +147,9 @@ def _numeric_fields(struct_type: type, where: str = ""):
     for field in msgspec.structs.fields(struct_type):
         annotation, core = hints[field.name], _core(hints[field.name])
         name = f"{where}{field.name}"
-        if typing.get_origin(core) is list:
-            yield from _numeric_fields(typing.get_args(core)[0], f"{name}[].")
+        inner = typing.get_args(core)[0] if typing.get_origin(core) is list else None
+        if isinstance(inner, type) and issubclass(inner, msgspec.Struct):
+            yield from _numeric_fields(inner, f"{name}[].")
         elif typing.get_origin(core) is tuple:
             yield from ((name, arg) for arg in typing.get_args(core))
         elif isinstance(core, type) and issubclass(core, msgspec.Struct):

@@ -29,8 +29,9 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.config import load_config
     from agentrl.evaluation import evaluate
     from agentrl.model import load_pretrained, load_tokenizer
+    from agentrl.parallel.fsdp import compute_dtype, iter_full_parameters
     from agentrl.parallel.groups import local_device
-    from agentrl.run import build_engine, compute_dtype
+    from agentrl.run import build_engine
 
     config = load_config(args.config, args.overrides)
     config = msgspec.structs.replace(
@@ -40,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
                             attention=config.model.attention, device=device)
     tokenizer = load_tokenizer(args.checkpoint)
     engine = build_engine(config, model, tokenizer, args.checkpoint)
+    if engine.needs_initial_sync:  # servers elsewhere: give them the checkpoint
+        engine.update_weights(iter_full_parameters(model))
     num_tasks = args.tasks or config.train.eval_tasks_per_env
     accuracy = asyncio.run(evaluate(engine, tokenizer, config, num_tasks, args.temperature))
     for name, value in accuracy.items():

@@ -32,15 +32,22 @@ from torch.distributed.tensor import DTensor
 from agentrl.parallel.groups import broadcast_object, get_rank, get_world_size
 
 
-def shard_model(model: nn.Module, compute_dtype: torch.dtype | None, device: torch.device,
+def compute_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``model.dtype`` as a torch dtype; "auto" is bfloat16 on a GPU, float32 on the CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def shard_model(model: nn.Module, compute: torch.dtype | None, device: torch.device,
                 reshard_after_forward: bool = True) -> nn.Module:
     """``fully_shard`` each decoder layer and the root over all ranks, in place.
 
-    ``compute_dtype`` None computes in the parameters' own dtype. Gradients reduce in
+    ``compute`` (dtype) None computes in the parameters' own dtype. Gradients reduce in
     fp32 and sum over ranks.
     """
     mesh = init_device_mesh(device.type, (get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy,
                     reshard_after_forward=reshard_after_forward)
@@ -53,7 +60,7 @@ def shard_model(model: nn.Module, compute_dtype: torch.dtype | None, device: tor
 
 
 def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: torch.dtype,
-                 compute_dtype: torch.dtype, attention: str, device: torch.device
+                 compute: torch.dtype, attention: str, device: torch.device
                  ) -> nn.Module:
     """The CausalLM of a Hugging Face folder, sharded over all ranks on ``device``
     (collective). ``state`` holds the whole checked state dict on rank 0 (read it there
@@ -61,7 +68,7 @@ def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: 
     no copy of the folder but its config.
 
     Parameters are stored in ``param_dtype`` (fp32 master weights for the policy; the
-    compute dtype for a frozen reference) and computed in ``compute_dtype``.
+    compute dtype for a frozen reference) and computed in ``compute``.
     """
     from agentrl.model import CausalLM, read_args
     from agentrl.model.checkpoint import fresh_inv_freq
@@ -70,7 +77,7 @@ def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: 
     with torch.device("meta"):
         model = CausalLM(args, attention=attention)
     model = model.to(param_dtype)
-    shard_model(model, None if compute_dtype == param_dtype else compute_dtype, device)
+    shard_model(model, None if compute == param_dtype else compute, device)
     model.to_empty(device=device)
     if args.tie_word_embeddings:  # to_empty gives the head a tensor of its own: re-tie
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -93,10 +100,10 @@ def iter_full_parameters(model: nn.Module, dtype: torch.dtype | None = None
     rank must iterate to the end). A tied head is yielded once, under the embedding's name.
     """
     for name, param in model.named_parameters():
-        tensor = param.detach()
-        if isinstance(tensor, DTensor):
+        tensor = param.detach() if dtype is None else param.detach().to(dtype)  # cast the
+        if isinstance(tensor, DTensor):  # shard first: the gather moves dtype-sized bytes
             tensor = tensor.full_tensor()
-        yield name, tensor if dtype is None else tensor.to(dtype)
+        yield name, tensor
 
 
 def local_bytes(tensors: Iterator[torch.Tensor] | list[torch.Tensor]) -> int:

@@ -94,8 +94,10 @@ class Summarize:
 
     def __init__(
         self, config: CompactionConfig, original_head: list[dict[str, Any]],
-        engine: InferenceEngine, stop_ids: tuple[int, ...],
+        engine: InferenceEngine, stop_ids: tuple[int, ...], key: str | None = None,
     ) -> None:
+        self.key = key
+        """The rollout's key: its summary request goes to the replica holding its prefix."""
         self.config = config
         self.original_head = list(original_head)
         self.engine = engine
@@ -116,7 +118,8 @@ class Summarize:
             max_tokens=self.config.summary_max_tokens, stop_token_ids=self.stop_ids,
             seed=None if params.seed is None else params.seed + 7919,
         )
-        summary = await self.engine.generate(list(segment.token_ids), summary_params)
+        summary = await self.engine.generate(list(segment.token_ids), summary_params,
+                                             key=self.key)
         segment.add_generated(summary.token_ids, summary.logprobs)
         text = context.assistant_text(summary.token_ids, self.stop_ids)
         head = [*self.original_head,
@@ -129,7 +132,7 @@ class Summarize:
 
 def make_compactor(
     config: CompactionConfig, original_head: list[dict[str, Any]], engine: InferenceEngine,
-    stop_ids: tuple[int, ...],
+    stop_ids: tuple[int, ...], key: str | None = None,
 ) -> Compactor | None:
     """The strategy named in the config (None for "none"), picked once per rollout."""
     if config.strategy == "none":
@@ -137,7 +140,7 @@ def make_compactor(
     if config.strategy == "drop_oldest":
         return DropOldest(config, original_head)
     if config.strategy == "summarize":
-        return Summarize(config, original_head, engine, stop_ids)
+        return Summarize(config, original_head, engine, stop_ids, key)
     raise ValueError(
         f'compaction.strategy = "{config.strategy}"; choose "none", "drop_oldest" or '
         '"summarize"'

@@ -2,13 +2,24 @@
 
 Multi-turn contexts are built by appending token ids, never by re-tokenizing text that
 was already tokenized; so an engine never sees text, only ids.
+
+Weights move in as ``(Hugging Face name, full tensor)`` pairs produced one at a time
+(:data:`NamedTensors`): a trainer whose parameters are sharded materialises one parameter
+(or one bucket) at a time and never holds the whole model gathered. A plain state dict is
+accepted too (its ``.items()`` are such pairs). Every engine reports the version of the
+weights it serves (``weight_version``), bumped by each successful sync.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
+import torch
+
+NamedTensors = Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
+"""What ``update_weights`` takes: (HF name, full tensor) pairs, or a state dict."""
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,14 +46,41 @@ class Generation(msgspec.Struct):
     finish_reason: Literal["stop", "length"]
 
 
+class WeightSyncError(RuntimeError):
+    """An engine (replica) did not confirm a weight update: it failed or timed out. The
+    message names the replica; its weights are then undefined until the next sync."""
+
+
 @runtime_checkable
 class InferenceEngine(Protocol):
     """An engine that many rollouts call concurrently from one asyncio loop."""
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        """Complete one prompt."""
+    weight_version: int
+    """Version of the weights served: 0 at start, the version of the last successful sync."""
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, key: str | None = None
+    ) -> Generation:
+        """Complete one prompt. ``key`` names the rollout the request belongs to: engines
+        with several replicas keep one key on one replica (its prefix cache); others
+        ignore it."""
         ...
 
-    def update_weights(self, state_dict: dict) -> None:
-        """Load new policy weights in place; raises when the sync fails, never hangs."""
+    def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> None:
+        """Load new policy weights in place (HF names; all of them, once each) and serve
+        them as ``version`` (default: the current version + 1); raises
+        :class:`WeightSyncError` when the sync fails or times out, never hangs."""
         ...
+
+
+def named_pairs(named_tensors: NamedTensors) -> Iterator[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs of a state dict or of an iterable of pairs, lazily."""
+    if isinstance(named_tensors, Mapping):
+        yield from named_tensors.items()
+    else:
+        yield from named_tensors
+
+
+def next_version(current: int, version: int | None) -> int:
+    """The version a sync installs: the one given, else one past the current one."""
+    return current + 1 if version is None else int(version)

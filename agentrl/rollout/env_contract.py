@@ -31,13 +31,14 @@ INVALID_KINDS = (
     "step_raised", "step_timeout", "bad_step",
     "bad_reward", "bad_observation", "bad_info",
     "close_raised", "close_timeout",
-    "engine_refused", "rollout_timeout", "row_too_long",
+    "engine_refused", "engine_unavailable", "rollout_timeout", "row_too_long",
 )
 """Why a rollout is invalid, short and stable: the ``<kind>`` of the metrics
 ``invalid/<kind>`` and ``env/<name>/invalid/<kind>``. ``<method>_raised`` and
 ``<method>_timeout`` for the constructor, ``reset``, ``tool_schemas``, ``step`` and
 ``close``; ``bad_*`` for a return value that breaks the contract; ``engine_refused`` (a
-context the inference engine would not take), ``rollout_timeout``
+context the inference engine would not take), ``engine_unavailable`` (a replica that
+cannot be reached), ``rollout_timeout``
 (``rollout.rollout_timeout_s``) and ``row_too_long`` (a row past the micro-batch budget)."""
 
 

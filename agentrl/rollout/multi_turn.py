@@ -103,12 +103,16 @@ class RolloutPlayer:
 
     async def _generate(self, params: SamplingParams) -> Any:
         """One engine call; a request the engine refuses (e.g. a context past its
-        max_len) invalidates this rollout only, never the whole collection."""
+        max_len), or a replica that cannot be reached, invalidates this rollout only,
+        never the whole collection."""
         assert self.current is not None
         try:
-            return await self.engine.generate(list(self.current.token_ids), params)
+            return await self.engine.generate(list(self.current.token_ids), params,
+                                              key=self.spec.rollout_id)
         except ValueError as exc:
             raise EnvError("engine_refused", f"engine refused the request: {exc}") from exc
+        except ConnectionError as exc:  # the replica's URL is in the message
+            raise EnvError("engine_unavailable", f"engine replica unavailable: {exc}") from exc
 
     def _params(self, max_tokens: int) -> SamplingParams:
         seed = self.spec.sampling_seed
@@ -121,7 +125,8 @@ class RolloutPlayer:
     async def _loop(self) -> None:
         messages = await self.env.reset(self.spec.task_seed)
         context = ChatContext(self.tokenizer, await self.env.tool_schemas(), messages)
-        compactor = make_compactor(self.compaction, context.head, self.engine, self.stop_ids)
+        compactor = make_compactor(self.compaction, context.head, self.engine, self.stop_ids,
+                                   key=self.spec.rollout_id)
         self.current = SegmentBuilder(context.prompt_ids())
         for _ in range(self.config.max_turns):
             budget = min(self.config.max_new_tokens,

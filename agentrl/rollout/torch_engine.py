@@ -25,6 +25,12 @@ steps, which depends on timing. In this mode every decode step runs all
 the forward's shapes never change and each request's tokens and log-probs are the same
 bits whatever else runs. Prefill is one prompt per forward in both modes. The price is
 decode work for idle slots: ``bench/batch_invariance.py`` measures it.
+
+Weight sync is a session (``start_weight_update`` → ``load_bucket`` per bucket →
+``finish_weight_update``, see ``agentrl.engines.weight_sync``): tensors are copied into
+the engine's own model one bucket at a time, and the version is bumped only once every
+parameter arrived. ``sleep`` frees the KV cache (the analogue of vLLM's sleep mode for a
+replica colocated with training); the next request allocates it again.
 """
 
 from __future__ import annotations
@@ -36,7 +42,13 @@ from typing import Any
 
 import torch
 
-from agentrl.rollout.engine import Generation, SamplingParams
+from agentrl.rollout.engine import (
+    Generation,
+    NamedTensors,
+    SamplingParams,
+    WeightSyncError,
+    next_version,
+)
 from agentrl.rollout.sampling import sample_token
 
 
@@ -64,9 +76,12 @@ class TorchEngine:
         max_len: int = 4096,
         seed: int = 0,
         batch_invariant: bool = False,
+        name: str = "torch engine",
     ) -> None:
         """``max_batch_size`` cache slots of ``max_len`` tokens (prompt + generated) each;
-        ``batch_invariant``: outputs independent of batching (module docstring)."""
+        ``batch_invariant``: outputs independent of batching (module docstring). The engine
+        generates with ``model``; a replica that must not share the trainer's parameters
+        gets its own copy (``agentrl.engines.build``)."""
         if max_batch_size < 1 or max_len < 2:
             raise ValueError(
                 f"TorchEngine needs max_batch_size >= 1 and max_len >= 2, got "
@@ -84,11 +99,18 @@ class TorchEngine:
         self._worker: asyncio.Task | None = None
         self.num_forwards = 0
         """Forwards run so far (prefills + decode steps), for benchmarks and tests."""
+        self.name = name
+        self.weight_version = 0
+        self.sync_timeout_s = 300.0
+        self._receiving: set[str] | None = None
 
     # ------------------------------------------------------------------ public API
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        """Complete one prompt; concurrent calls are decoded together in one batch."""
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, key: str | None = None
+    ) -> Generation:
+        """Complete one prompt; concurrent calls are decoded together in one batch (one
+        engine has one cache, so ``key`` changes nothing here)."""
         self._check_request(prompt_ids, params)
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else next(self._seed_counter))
@@ -105,22 +127,81 @@ class TorchEngine:
             self._worker = asyncio.create_task(self._run())
         return await request.future
 
-    def update_weights(self, state_dict: dict) -> None:
-        """Copy new weights into the model in place; refused while requests are in flight."""
-        if self._pending or self._active:
-            raise RuntimeError(
-                "TorchEngine.update_weights called while generations are in flight; "
-                "sync weights between collections"
-            )
+    def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> None:
+        """Copy new weights (HF names) into the model in place, bucket by bucket; refused
+        while requests are in flight."""
+        from agentrl.engines.weight_sync import push_weights
+
+        push_weights([self], named_tensors, next_version(self.weight_version, version))
+
+    def start_weight_update(self) -> None:
+        """Begin a sync session (between collections only)."""
+        self._require_idle("update_weights")
+        self._receiving = set()
+
+    def load_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy one bucket of (name, tensor) pairs into the model's parameters."""
+        if self._receiving is None:
+            raise WeightSyncError(f"{self.name}: load_bucket outside a weight update")
+        targets = self.model.state_dict()
         with torch.no_grad():
-            missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
-        tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
-        if set(missing) - tied or unexpected:
-            raise ValueError(f"update_weights: missing {sorted(set(missing) - tied)[:5]}, "
-                             f"unexpected {sorted(unexpected)[:5]}; pass the policy's "
-                             "parameters under their Hugging Face names")
+            for name, tensor in bucket:
+                if name not in targets or targets[name].shape != tensor.shape:
+                    got = tuple(tensor.shape)
+                    want = tuple(targets[name].shape) if name in targets else "no such name"
+                    raise ValueError(f"{self.name}: tensor {name} {got} does not match the "
+                                     f"engine's model ({want}); send HF names of a model of "
+                                     "the same size")
+                targets[name].copy_(tensor)
+                self._receiving.add(name)
+
+    def finish_weight_update(self, version: int) -> None:
+        """End the session: every parameter must have arrived; then serve ``version``."""
+        received, self._receiving = self._receiving, None
+        if received is None:
+            raise WeightSyncError(f"{self.name}: finish without a started weight update")
+        missing = sorted(n for n, _ in self.model.named_parameters() if n not in received)
+        if missing:
+            raise ValueError(f"{self.name}: the weight update lacks {len(missing)} "
+                             f"parameters, e.g. {missing[:3]}; send every parameter")
+        self.weight_version = version
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache (colocated with training: give the memory back); ``level``
+        is accepted for symmetry with vLLM, weights stay in place."""
+        self._require_idle("sleep")
+        self._cache = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Nothing to do: the next request allocates the KV cache again."""
+
+    @property
+    def is_sleeping(self) -> bool:
+        """True while the KV cache is freed."""
+        return self._cache is None
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes the KV cache takes once allocated (``max_batch_size`` × ``max_len``)."""
+        args = self.model.config
+        per_token = 2 * args.num_hidden_layers * args.num_key_value_heads * args.head_dim
+        return per_token * self.max_batch_size * self.max_len * self.model.dtype.itemsize
 
     # ------------------------------------------------------------------ internals
+
+    def _require_idle(self, what: str) -> None:
+        # requests whose caller was cancelled (dynamic sampling stops a collection early)
+        # leave when the batching loop next runs; they hold nothing that matters now
+        self._pending = [r for r in self._pending if not r.future.done()]
+        for slot, request in list(self._active.items()):
+            if request.future.done():
+                del self._active[slot]
+        if self._pending or self._active:
+            raise RuntimeError(
+                f"{self.name}: {what} called while generations are in flight; "
+                "sync weights between collections"
+            )
 
     def _check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:

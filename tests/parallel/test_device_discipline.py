@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agentrl.model.attention import choose_backend
-from agentrl.run import compute_dtype
+from agentrl.parallel.fsdp import compute_dtype
 from agentrl.trainer import mismatch_sums
 from tests.test_update import make_rows, micro_batches_for
 

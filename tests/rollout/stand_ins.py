@@ -23,7 +23,10 @@ class ScriptedEngine:
         self.prompts: list[list[int]] = []
         self.generations: list[Generation] = []
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    weight_version = 0
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       key: str | None = None) -> Generation:
         await asyncio.sleep(0)
         self.prompts.append(list(prompt_ids))
         ids = self.tokenizer.encode(self.policy(prompt_ids, params))[: params.max_tokens]
@@ -35,7 +38,7 @@ class ScriptedEngine:
         self.generations.append(gen)
         return gen
 
-    def update_weights(self, state_dict: dict) -> None:
+    def update_weights(self, named_tensors: Any, version: int | None = None) -> None:
         pass
 
 
@@ -45,16 +48,23 @@ class RecordingEngine:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.prompts: list[list[int]] = []
+        self.keys: list[str | None] = []
         self.generations: list[Generation] = []
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    @property
+    def weight_version(self) -> int:
+        return self.inner.weight_version
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       key: str | None = None) -> Generation:
         self.prompts.append(list(prompt_ids))
-        gen = await self.inner.generate(prompt_ids, params)
+        self.keys.append(key)
+        gen = await self.inner.generate(prompt_ids, params, key=key)
         self.generations.append(gen)
         return gen
 
-    def update_weights(self, state_dict: dict) -> None:
-        self.inner.update_weights(state_dict)
+    def update_weights(self, named_tensors: Any, version: int | None = None) -> None:
+        self.inner.update_weights(named_tensors, version)
 
 
 # ----------------------------------------------------------------------------- environments

@@ -173,10 +173,10 @@ def test_groups_finish_out_of_order_and_are_kept_as_they_complete(tokenizer):
 
 def test_an_engine_refusal_invalidates_only_that_rollout(tokenizer):
     class RefusingEngine(ScriptedEngine):
-        async def generate(self, prompt_ids, params):
+        async def generate(self, prompt_ids, params, key=None):
             if params.seed % 3 == 0:
                 raise ValueError("prompt of 5000 tokens exceeds max_len 4096")
-            return await super().generate(prompt_ids, params)
+            return await super().generate(prompt_ids, params, key)
 
     config = make_config()
     names = [e.display_name() for e in config.environments]

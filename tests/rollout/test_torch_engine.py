@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agentrl.model import load_pretrained
-from agentrl.rollout.engine import InferenceEngine, SamplingParams
+from agentrl.rollout.engine import InferenceEngine, SamplingParams, WeightSyncError
 from agentrl.rollout.sampling import scaled_logprobs, top_p_mask
 from agentrl.rollout.torch_engine import TorchEngine
 
@@ -217,3 +217,39 @@ def test_batch_invariant_greedy_equals_the_default_engine(tiny_model):
     for x, y in zip(a, b, strict=True):
         torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs),
                                    atol=1e-5, rtol=0)
+
+def test_weight_sync_session_checks_names_and_bumps_the_version(tiny_model, tiny_ckpt):
+    other = load_pretrained(tiny_ckpt, attention="torch")
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(-1.0)
+    engine = TorchEngine(tiny_model, max_batch_size=2, max_len=64, name="replica 7")
+    pairs = list(other.named_parameters())
+    with pytest.raises(WeightSyncError, match="replica 7 failed in finish.*lacks 1 param"):
+        engine.update_weights(pairs[:-1])
+    assert engine.weight_version == 0
+    with pytest.raises(WeightSyncError, match=r"model.norm.weight \(3,\) does not match"):
+        engine.update_weights([("model.norm.weight", torch.zeros(3))])
+    engine.update_weights(iter(pairs))  # one pass over an iterator
+    assert engine.weight_version == 1
+    for name, param in tiny_model.named_parameters():
+        assert torch.equal(param, dict(pairs)[name])
+    assert tiny_model.lm_head.weight is tiny_model.model.embed_tokens.weight  # still tied
+
+
+def test_sleep_frees_the_kv_cache_and_a_cancelled_caller_does_not_block_it(tiny_model):
+    engine = TorchEngine(tiny_model, max_batch_size=2, max_len=64)
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+
+    async def cancel_midway():
+        task = asyncio.create_task(engine.generate([1, 2, 3], params))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(cancel_midway())  # the batching loop still holds the cancelled request
+    engine.sleep()
+    assert engine.is_sleeping and engine.kv_cache_bytes() == 2 * 2 * 2 * 8 * 2 * 64 * 4
+    got = asyncio.run(engine.generate([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=4)))
+    assert len(got.token_ids) == 4 and not engine.is_sleeping

@@ -171,7 +171,7 @@ def test_worker_failure_raises_weight_sync_error(engine, ckpt_a):
     bogus = "model.layers.0.mlp.bogus.weight"
     engine._expected_shapes[bogus] = (4,)
     try:
-        with pytest.raises(WeightSyncError, match="weight update failed"):
+        with pytest.raises(WeightSyncError, match="weight sync to vLLM engine failed in load"):
             engine.update_weights({**good, bogus: torch.zeros(4)})
     finally:
         del engine._expected_shapes[bogus]

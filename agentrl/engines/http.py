@@ -1,0 +1,189 @@
+"""The little HTTP/1.1 this package needs, on the standard library: an asyncio client for
+many concurrent generation requests, a blocking JSON client for the weight-sync control
+plane, and an asyncio server. One request per connection (``Connection: close``): simple,
+and a cancelled request closes its socket, which tells the server to drop the work.
+Every call has a timeout; a failure raises :class:`ReplicaUnavailableError` naming the URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+MAX_BODY_BYTES = 64 * 2**20
+"""Largest request or response body accepted (JSON: token ids, control messages)."""
+
+
+class ReplicaUnavailableError(ConnectionError):
+    """A replica could not be reached or did not answer in time; names its URL."""
+
+
+class HTTPError(RuntimeError):
+    """The replica answered with an error status; the message carries its explanation."""
+
+    def __init__(self, url: str, status: int, detail: str) -> None:
+        super().__init__(f"{url} answered {status}: {detail}")
+        self.status = status
+
+
+def split_url(url: str) -> tuple[str, int]:
+    """(host, port) of an ``http://host:port`` base URL; ValueError naming it otherwise."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.port is None:
+        raise ValueError(f"engine URL {url!r}: use http://HOST:PORT (e.g. "
+                         "http://10.0.0.2:8000), as printed by `agentrl serve`")
+    return parts.hostname, parts.port
+
+
+async def request_json(url: str, path: str, payload: Any | None, timeout_s: float) -> Any:
+    """POST ``payload`` as JSON (GET when None) to ``url + path`` and return the decoded
+    JSON answer, within ``timeout_s`` seconds in all."""
+    host, port = split_url(url)
+    body = b"" if payload is None else json.dumps(payload).encode()
+    method = "GET" if payload is None else "POST"
+    try:
+        status, data = await asyncio.wait_for(
+            _exchange(host, port, method, path, body), timeout_s)
+    except TimeoutError:
+        raise ReplicaUnavailableError(
+            f"{url}{path} did not answer within {timeout_s:g} s") from None
+    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+        raise ReplicaUnavailableError(f"{url}{path} unreachable: {exc}") from exc
+    return _decode(url + path, status, data)
+
+
+async def _exchange(host: str, port: int, method: str, path: str,
+                    body: bytes) -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n")
+        writer.write(head.encode() + body)
+        await writer.drain()
+        status_line = await reader.readline()
+        parts = status_line.decode("latin-1").split(" ", 2)
+        if len(parts) < 2 or not parts[1].isdigit():
+            raise ValueError(f"not an HTTP answer: {status_line[:80]!r}")
+        headers = await _read_headers(reader)
+        return int(parts[1]), await _read_body(reader, headers, until_eof=True)
+    finally:
+        writer.close()
+
+
+async def _read_headers(reader: asyncio.StreamReader) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b"\n", b""):
+            return headers
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str],
+                     until_eof: bool) -> bytes:
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        chunks = []
+        while size := int((await reader.readline()).split(b";")[0].strip() or b"0", 16):
+            chunks.append(await reader.readexactly(size))
+            await reader.readline()
+        await reader.readline()
+        return b"".join(chunks)
+    if "content-length" in headers:
+        length = int(headers["content-length"])
+        if length > MAX_BODY_BYTES:
+            raise ValueError(f"body of {length} bytes is over the {MAX_BODY_BYTES} limit")
+        return await reader.readexactly(length)
+    return await reader.read() if until_eof else b""
+
+
+def _decode(where: str, status: int, data: bytes) -> Any:
+    try:
+        answer = json.loads(data) if data else {}
+    except json.JSONDecodeError:
+        answer = {"error": data[:300].decode("utf-8", "replace")}
+    if status >= 400:
+        raise HTTPError(where, status, _error_text(answer))
+    return answer
+
+
+def _error_text(answer: Any) -> str:
+    if isinstance(answer, dict):
+        error = answer.get("error", answer.get("detail", answer))
+        if isinstance(error, dict):
+            return str(error.get("message", error))
+        return str(error)
+    return str(answer)
+
+
+def post_json_blocking(url: str, path: str, payload: Any | None, timeout_s: float,
+                       method: str = "POST") -> Any:
+    """The blocking twin of :func:`request_json` (for the weight-sync threads)."""
+    split_url(url)
+    data = None if payload is None else json.dumps(payload).encode()
+    request = urllib.request.Request(url.rstrip("/") + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return _decode(url + path, response.status, response.read())
+    except urllib.error.HTTPError as exc:
+        return _decode(url + path, exc.code, exc.read())
+    except TimeoutError:
+        raise ReplicaUnavailableError(
+            f"{url}{path} did not answer within {timeout_s:g} s") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ReplicaUnavailableError(f"{url}{path} unreachable: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------- server
+
+Handler = Callable[[str, str, Any, Callable[[], Awaitable[None]]], Awaitable[tuple[int, Any]]]
+"""(method, path with query, decoded JSON body or None, wait_for_disconnect) →
+(status, JSON-able answer)."""
+
+
+async def start_server(handler: Handler, host: str, port: int) -> asyncio.Server:
+    """An asyncio HTTP server answering every request with ``handler``'s JSON."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            status, answer = await _serve_one(handler, reader)
+            data = json.dumps(answer).encode()
+            writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                         "Connection: close\r\n\r\n".encode() + data)
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away; nothing to answer
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(serve, host, port)
+
+
+async def _serve_one(handler: Handler, reader: asyncio.StreamReader) -> tuple[int, Any]:
+    request_line = (await reader.readline()).decode("latin-1").split()
+    if len(request_line) < 2:
+        return 400, {"error": "malformed request line"}
+    method, path = request_line[0], request_line[1]
+    headers = await _read_headers(reader)
+    try:
+        body = await _read_body(reader, headers, until_eof=False)
+        payload = json.loads(body) if body else None
+    except (ValueError, json.JSONDecodeError) as exc:
+        return 400, {"error": f"bad request body: {exc}"}
+
+    async def disconnected() -> None:  # the client closes its socket when it gives up
+        await reader.read()
+
+    return await handler(method, path, payload, disconnected)
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 409: "Conflict",
+            500: "Internal Server Error"}
