@@ -167,6 +167,14 @@ class TrainConfig(_Section):
     num_ranks: int = 1
     """Data-parallel ranks: `agentrl train` spawns one process per rank; rank 0 generates
     and broadcasts the rollouts, every rank trains on its share of the rows."""
+    activation_checkpointing: Literal["auto"] | bool = "auto"
+    """Recompute each decoder layer in backward instead of keeping its activations: the
+    layers then keep only their input (hidden_size values per token and layer) at the
+    cost of about one more forward. "auto": on when training on a GPU, off on CPU;
+    true / false force it. `agentrl plan --gpu-memory` shows what it saves."""
+    logprob_chunk_tokens: int = 1024
+    """Positions per chunk when the training forward turns hidden states into log-probs:
+    the head's transient tensors are [chunk, vocabulary] (never [micro-batch, vocabulary])."""
 
 
 class LogConfig(_Section):
@@ -321,6 +329,7 @@ def check_loss(loss: LossConfig) -> None:
 def check_positive(config: Config) -> None:
     """Counts and budgets that must be at least 1 (0 would silently do nothing)."""
     for section, name in (("train", "num_steps"), ("train", "num_ranks"),
+                          ("train", "logprob_chunk_tokens"),
                           ("rollout", "max_new_tokens"), ("rollout", "max_turns"),
                           ("rollout", "max_rollout_tokens"),
                           ("rollout", "max_concurrent_rollouts"),

@@ -25,6 +25,7 @@ from agentrl import distributed
 from agentrl.accounting import BatchPlan, plan_batches
 from agentrl.checkpoint import TrainerState, latest_checkpoint, load_training_state
 from agentrl.config import Config
+from agentrl.memory_plan import engine_max_len, resolve_activation_checkpointing
 from agentrl.metric_writers import MultiWriter, build_writers
 from agentrl.packing import CostModel
 from agentrl.sampler import EnvironmentSampler
@@ -145,6 +146,7 @@ def build_run(
         reference = load_pretrained(initial_dir, dtype=dtype, attention=config.model.attention,
                                     device=device)
         reference.requires_grad_(False)
+    configure_memory(config, model, reference, device)
     model = distributed.wrap_model(model, process_group)
     tokenizer = load_tokenizer(model_dir)
     optimizer = build_optimizer(model, config.optim)
@@ -183,6 +185,16 @@ def training_device() -> torch.device:
     return torch.device("cpu")
 
 
+def configure_memory(config: Config, model: Any, reference: Any, device: torch.device) -> None:
+    """Activation checkpointing (train.activation_checkpointing; "auto": on a GPU) and the
+    log-prob chunk of the training forward, for the policy and the reference model."""
+    checkpointing = resolve_activation_checkpointing(config.train.activation_checkpointing,
+                                                     on_gpu=device.type == "cuda")
+    for m in (model, reference):
+        if m is not None:
+            m.configure_memory(checkpointing, config.train.logprob_chunk_tokens)
+
+
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch (a resume then restores the saved states over these)."""
     random.seed(seed)
@@ -212,11 +224,7 @@ def resolve_model_dir(config: Config, run_dir: Path) -> Path:
 def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path) -> Any:
     """The inference engine: the torch engine sharing the trainer's model, or vLLM."""
     rollout = config.rollout
-    if config.compaction.strategy != "none":
-        max_len = config.compaction.max_context_tokens + rollout.max_new_tokens + 1
-    else:
-        max_len = rollout.max_rollout_tokens + 2048  # generated tokens + prompt/observations
-    max_len = min(max_len, model.config.max_position_embeddings)
+    max_len = engine_max_len(config, model.config.max_position_embeddings)
     if rollout.engine == "vllm":
         from agentrl.rollout.vllm_engine import VLLMEngine
 
