@@ -25,7 +25,7 @@ from agentrl import distributed
 from agentrl.accounting import BatchPlan, plan_batches
 from agentrl.checkpoint import TrainerState, latest_checkpoint, load_training_state
 from agentrl.config import Config
-from agentrl.memory_plan import engine_max_len, resolve_activation_checkpointing
+from agentrl.memory.plan import engine_max_len, resolve_activation_checkpointing
 from agentrl.metric_writers import MultiWriter, build_writers
 from agentrl.packing import CostModel
 from agentrl.sampler import EnvironmentSampler

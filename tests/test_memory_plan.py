@@ -1,5 +1,6 @@
 """The memory plan: its per-token activation figures agree with what autograd really saves
-(bench/memory.py's measurement), its sums by hand, and its advice makes configs fit."""
+(the measurement bench/memory.py reports), its sums by hand, and its advice makes configs
+fit."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 
 from agentrl.cli import main
 from agentrl.config import load_config
-from agentrl.memory_plan import (
+from agentrl.memory.measure import build_model, saved_bytes, synthetic_micro_batch
+from agentrl.memory.plan import (
     GIB,
     parameter_counts,
     plan_memory,
@@ -18,7 +20,6 @@ from agentrl.memory_plan import (
 from agentrl.model import ModelArgs
 from agentrl.model.shapes import KNOWN_SHAPES, model_shape
 from agentrl.model.tiny import init_model
-from bench.memory import build_model, saved_bytes, synthetic_micro_batch
 
 GSM8K = "configs/gsm8k_qwen2.5_1.5b.toml"
 COUNTDOWN = "configs/countdown_qwen2.5_1.5b.toml"

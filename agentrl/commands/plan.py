@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     print(describe_plan(plan_batches(config)))
     if args.gpu_memory is None:
         return 0
-    from agentrl.memory_plan import describe_memory_plan, plan_memory
+    from agentrl.memory.plan import describe_memory_plan, plan_memory
     from agentrl.model.shapes import model_shape
 
     if not config.model.path:
