@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from agentrl import distributed
 from agentrl.model import ModelArgs
 from agentrl.model.tiny import init_model
 
@@ -48,7 +48,8 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
     torch.set_num_threads(1)
-    distributed.init_process_group(rank, NUM_RANKS, f"file://{init_file}", "gloo")
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=NUM_RANKS)
     try:
         model = init_model(ARGS, seed=0)
         model.configure_memory(activation_checkpointing=True, logprob_chunk_tokens=5)
@@ -59,7 +60,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
         torch.save(grads, Path(out_dir) / f"rank{rank}.pt")
     finally:
-        distributed.destroy_process_group()
+        dist.destroy_process_group()
 
 
 def test_checkpointed_layers_and_chunked_head_under_fully_shard(tmp_path: Path) -> None:

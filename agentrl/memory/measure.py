@@ -111,7 +111,9 @@ def saved_bytes(model: CausalLM, mb: MicroBatch, chunked_head: bool,
         if key not in params:
             owners[key].add(section[-1])
             sizes[key] = t.untyped_storage().nbytes()
-        return t
+        # an alias without autograd history: handing back ``t`` itself would tie a saved
+        # output to its own grad_fn in a cycle that keeps the whole graph alive
+        return t.detach()
 
     with _layer_sections(model, section), torch.autograd.graph.saved_tensors_hooks(
         pack, lambda t: t
