@@ -265,6 +265,15 @@ class TrainConfig(_Section):
     """Stop the run when more than this share of an environment's recent rollouts are
     invalid (judged over its newest steps holding at least 16 of its rollouts, kept or
     dropped; see ``agentrl.rollout.health``). In [0, 1]; 1.0 never stops."""
+    activation_checkpointing: Literal["auto"] | bool = "auto"
+    """Recompute each decoder layer in backward instead of keeping its activations: the
+    layers then keep only their input (hidden_size values per token and layer) at the
+    cost of about one more forward. "auto": on when training on a GPU, off on CPU;
+    true / false force it. `agentrl plan --gpu-memory` shows what it saves."""
+    logprob_chunk_tokens: PositiveInt = 1024
+    """Positions per chunk when the training forward turns hidden states into log-probs
+    (>= 1): the head's transient tensors are [chunk, vocabulary] (never [micro-batch,
+    vocabulary])."""
 
 
 class LogConfig(_Section):

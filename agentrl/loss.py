@@ -14,10 +14,12 @@ import torch
 from torch import Tensor
 
 from agentrl.config import LossConfig
+from agentrl.model.logprobs import entropy_from_scaled, scaled_logits, target_logprobs
 
 _CHUNK = 1024
-"""Positions per chunk when reducing over the vocabulary: bounds the float32 copy of the
-logits that log-softmax needs to [chunk, V] instead of [T, V]."""
+"""Positions per chunk when reducing full logits over the vocabulary: bounds the float32
+copy that log-softmax needs to [chunk, V]. (Training does not build full logits at all:
+the model's forward returns the log-probs, see ``agentrl.model.logprobs``.)"""
 
 
 class LossParts(msgspec.Struct):
@@ -41,36 +43,35 @@ class LossParts(msgspec.Struct):
     """Mean truncated importance weight min(π_old / π_engine, tis_cap)."""
 
 
-def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
-    """log softmax(logits)[target] per position, computed in float32 chunk by chunk.
+def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """log_softmax(logits / T)[target] per position from full logits, chunk by chunk.
 
-    logits: [B, T, V]; targets: [B, T] → [B, T] float32. Uses logit[target] − logsumexp
-    instead of a full log-softmax so no [T, V] float32 tensor is kept.
+    logits: [B, T, V]; targets: [B, T] → [B, T] float32. The same definition as the
+    engines' and the training forward's (``agentrl.model.logprobs.target_logprobs``).
     """
     flat = logits.reshape(-1, logits.shape[-1])
     flat_targets = targets.reshape(-1)
-    parts = []
-    for start in range(0, flat.shape[0], _CHUNK):
-        chunk = flat[start : start + _CHUNK].float()
-        picked = chunk.gather(1, flat_targets[start : start + _CHUNK, None]).squeeze(1)
-        parts.append(picked - torch.logsumexp(chunk, dim=-1))
+    parts = [
+        target_logprobs(flat[start : start + _CHUNK], flat_targets[start : start + _CHUNK],
+                        temperature)
+        for start in range(0, flat.shape[0], _CHUNK)
+    ]
     if not parts:
         return flat.new_zeros(targets.shape, dtype=torch.float32)
     return torch.cat(parts).reshape(targets.shape)
 
 
 @torch.no_grad()
-def entropy(logits: Tensor) -> Tensor:
-    """Entropy of the next-token distribution per position: [B, T, V] → [B, T] (no grad).
+def entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy of softmax(logits / T) per position: [B, T, V] → [B, T] (no grad).
 
     H = logsumexp(z) − Σ softmax(z)·z, chunked like ``token_logprobs``.
     """
     flat = logits.reshape(-1, logits.shape[-1])
     parts = []
     for start in range(0, flat.shape[0], _CHUNK):
-        chunk = flat[start : start + _CHUNK].float()
-        lse = torch.logsumexp(chunk, dim=-1)
-        parts.append(lse - (torch.softmax(chunk, dim=-1) * chunk).sum(-1))
+        z = scaled_logits(flat[start : start + _CHUNK], temperature)
+        parts.append(entropy_from_scaled(z, torch.logsumexp(z, dim=-1)))
     if not parts:
         return flat.new_zeros(logits.shape[:-1], dtype=torch.float32)
     return torch.cat(parts).reshape(logits.shape[:-1])

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from agentrl.accounting import BatchPlan, plan_batches
 from agentrl.checkpoint import TrainerState, latest_checkpoint, load_training_state
 from agentrl.config import Config
+from agentrl.memory.plan import resolve_activation_checkpointing
 from agentrl.metric_writers import MultiWriter, build_writers
 from agentrl.packing import CostModel
 from agentrl.parallel import groups
@@ -190,6 +191,7 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
         reference = load_sharded(initial_dir, initial or {}, compute, compute, attention,
                                  device)
         reference.requires_grad_(False)
+    configure_memory(config, model, reference, device)
     optimizer = build_optimizer(model, config.optim)
     scheduler = build_scheduler(optimizer, config.optim)
     sampler = EnvironmentSampler(
@@ -275,6 +277,16 @@ def announce_attention(choice: str, dtype: torch.dtype, device: torch.device,
     if is_main:
         print(f"attention: {why}", flush=True)
     return backend
+
+
+def configure_memory(config: Config, model: Any, reference: Any, device: torch.device) -> None:
+    """Activation checkpointing (train.activation_checkpointing; "auto": on a GPU) and the
+    log-prob chunk of the training forward, for the policy and the reference model."""
+    checkpointing = resolve_activation_checkpointing(config.train.activation_checkpointing,
+                                                     on_gpu=device.type == "cuda")
+    for m in (model, reference):
+        if m is not None:
+            m.configure_memory(checkpointing, config.train.logprob_chunk_tokens)
 
 
 def seed_everything(seed: int) -> None:

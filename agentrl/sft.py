@@ -29,7 +29,6 @@ import msgspec
 import torch
 
 from agentrl.config import Config
-from agentrl.loss import token_logprobs
 from agentrl.packing import collate, pack
 from agentrl.reassembler import to_rows
 from agentrl.rollout.engine import Generation, SamplingParams
@@ -148,8 +147,9 @@ def sft_step(model: torch.nn.Module, rows: list[Row], optimizer: torch.optim.Opt
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for mb in batches:
-        logits = model(mb.input_ids, mb.position_ids, mb.cu_seqlens)
-        loss = -(token_logprobs(logits, mb.target_ids) * mb.loss_mask).sum() / num_tokens
+        logprobs = model(mb.input_ids, mb.position_ids, mb.cu_seqlens,
+                         targets=mb.target_ids).logprobs
+        loss = -(logprobs * mb.loss_mask).sum() / num_tokens
         loss.backward()
         total += float(loss.detach())
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

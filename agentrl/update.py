@@ -19,18 +19,21 @@ import torch
 from torch import Tensor, nn
 
 from agentrl.config import LossConfig
-from agentrl.loss import LossParts, entropy, policy_loss, token_logprobs
+from agentrl.loss import LossParts, policy_loss
+from agentrl.model.logprobs import TokenScores
 from agentrl.packing import MicroBatch
 from agentrl.parallel import groups
 from agentrl.parallel.fsdp import is_sharded
 
 
 class CausalLM(Protocol):
-    """Any module with the model's forward: ids [B, T] → logits [B, T, V]."""
+    """Any module with the model's training forward: ids [B, T] and targets [B, T] →
+    TokenScores (log_softmax(logits / temperature)[target] [B, T] and the entropy)."""
 
     def __call__(
-        self, input_ids: Tensor, position_ids: Tensor | None, cu_seqlens: Tensor | None
-    ) -> Tensor: ...
+        self, input_ids: Tensor, position_ids: Tensor | None, cu_seqlens: Tensor | None, *,
+        targets: Tensor, temperature: float,
+    ) -> TokenScores: ...
 
 
 class UpdateStats(msgspec.Struct):
@@ -63,14 +66,14 @@ def _device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def sampling_logits(model: nn.Module, mb: MicroBatch, temperature: float = 1.0) -> Tensor:
-    """Logits of the distribution the engine sampled from: divided by the rollout
-    temperature, as the engines do before reporting log-probs (a temperature of 0, greedy,
-    reports log-probs at temperature 1). Without this, ratios are off whenever T != 1."""
-    logits = model(mb.input_ids, mb.position_ids, mb.cu_seqlens)
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    return logits
+def target_scores(model: nn.Module, mb: MicroBatch, temperature: float = 1.0) -> TokenScores:
+    """Log-probs and entropy of the micro-batch's targets under the distribution the
+    engine sampled from: logits divided by the rollout temperature, as the engines do
+    before reporting log-probs (a temperature of 0, greedy, reports log-probs at
+    temperature 1). Without this, ratios are off whenever T != 1. The model computes them
+    from its hidden states in chunks (no [T, V] logits)."""
+    return model(mb.input_ids, mb.position_ids, mb.cu_seqlens, targets=mb.target_ids,
+                 temperature=temperature)
 
 
 def forward_backward(
@@ -84,7 +87,7 @@ def forward_backward(
 
     Every rank must pass the same number of micro-batches (``plan_micro_batches`` pads
     with empty ones). Gradients are added to whatever ``.grad`` holds: zero them first.
-    ``temperature``: the rollout temperature (see ``sampling_logits``).
+    ``temperature``: the rollout temperature (see ``target_scores``).
     """
     if groups.is_distributed(process_group) and not is_sharded(model):
         raise ValueError("forward_backward on several ranks needs an FSDP2-sharded model "
@@ -98,15 +101,14 @@ def forward_backward(
     sums = torch.zeros(len(_FIGURES) + 1, dtype=torch.float64, device=device)
     for mb in micro_batches:
         mb = mb.to(device)
-        logits = sampling_logits(model, mb, temperature)
-        logprobs = token_logprobs(logits, mb.target_ids)
+        logprobs, token_entropy = target_scores(model, mb, temperature)
         loss, parts = policy_loss(
             logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, denominator, cfg,
             engine_logprobs=mb.engine_logprobs, ref_logprobs=mb.ref_logprobs,
         )
         loss.backward()
-        sums += _figures(parts, entropy(logits), mb.loss_mask, denominator)
-        del logits, logprobs, loss  # free this micro-batch's activations before the next
+        sums += _figures(parts, token_entropy, mb.loss_mask, denominator)
+        del logprobs, loss  # free this micro-batch's activations before the next
     groups.all_reduce_sum(sums, process_group)
     return _stats(sums.tolist(), int(num_tokens), len(micro_batches))
 
@@ -142,8 +144,7 @@ def score(
     out = []
     for mb in micro_batches:
         mb = mb.to(device)
-        logits = sampling_logits(model, mb, temperature)
-        out.append(token_logprobs(logits, mb.target_ids) * mb.loss_mask)
+        out.append(target_scores(model, mb, temperature).logprobs * mb.loss_mask)
     return out
 
 

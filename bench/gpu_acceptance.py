@@ -189,9 +189,24 @@ def vllm_ready(machine: Machine) -> str | None:
     return None if vllm_available() else "vllm is not installed (pip install agentrl[gpu])"
 
 
-EXTRA_CHECKS: list[Callable[[Report, Machine, Path], None]] = []
-"""Further GPU checks (memory plan, engine replicas, weight sync) registered by their
-benches; each gets the report, the machine and a scratch folder."""
+def engine_checks(report: Report, machine: Machine, scratch: Path) -> None:
+    """Engine replicas and weight sync (``bench.engine_scaling``): vLLM over NCCL and CUDA
+    IPC on GPUs; two `agentrl serve` replicas over gloo in a dry run."""
+    from bench.engine_scaling import gpu_checks
+
+    gpu_checks(report, dry_run=machine.dry_run)
+
+
+def memory_checks(report: Report, machine: Machine, scratch: Path) -> None:
+    """Peak CUDA memory of a 1.5B micro-batch against the memory plan (``bench.memory``)."""
+    from bench.memory import memory_check
+
+    memory_check(report, machine, scratch)
+
+
+EXTRA_CHECKS: list[Callable[[Report, Machine, Path], None]] = [engine_checks, memory_checks]
+"""Further GPU checks (engine replicas and weight sync, the memory plan); each gets the
+report, the machine and a scratch folder."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from agentrl.config import LossConfig
-from agentrl.loss import policy_loss, token_logprobs
+from agentrl.loss import policy_loss
 from agentrl.model import ModelArgs
 from agentrl.model.tiny import init_model
 from agentrl.packing import collate, pack
@@ -70,8 +70,7 @@ def run_padded(model: torch.nn.Module, rows: list[Row], advantages: list[float])
                                                       (0, width - mb.input_ids.shape[1]))
                               for mb in chunk])
 
-        logits = model(pad("input_ids"), None, None)
-        logprobs = token_logprobs(logits, pad("target_ids"))
+        logprobs = model(pad("input_ids"), None, None, targets=pad("target_ids")).logprobs
         loss, _ = policy_loss(logprobs, pad("old_logprobs"), pad("advantages"),
                               pad("loss_mask"), num_tokens, CFG,
                               engine_logprobs=pad("engine_logprobs"))

@@ -70,6 +70,7 @@ OUT_OF_RANGE = [
     ("train.num_ranks", 0, "an integer >= 1"),
     ("train.collective_timeout_s", 0, "a finite number > 0"),
     ("train.max_invalid_fraction", 1.5, "a finite number in [0, 1]"),
+    ("train.logprob_chunk_tokens", 0, "an integer >= 1"),
     ("rollout.max_observation_chars", 0, "an integer >= 1"),
     ("rollout.num_engines", -1, "an integer >= 0"),
     ("rollout.tensor_parallel_size", 0, "an integer >= 1"),

@@ -69,9 +69,11 @@ def gradient(model: nn.Module, mbs: list[MicroBatch], cfg: LossConfig = CFG) -> 
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
 
 
-@pytest.fixture(scope="module")
-def setup() -> tuple[nn.Module, list[Row], list[float], torch.Tensor]:
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "checkpointed"])
+def setup(request) -> tuple[nn.Module, list[Row], list[float], torch.Tensor]:
+    # every invariance below holds with activation checkpointing on as well
     model = make_model()
+    model.configure_memory(activation_checkpointing=request.param, logprob_chunk_tokens=16)
     rows, advantages = make_rows()
     # old log-probs are the rows' engine ones: ratios differ from 1, TIS weights are live
     one = micro_batches_for(rows, advantages, [list(range(len(rows)))])

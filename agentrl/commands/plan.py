@@ -1,23 +1,34 @@
 """``agentrl plan CONFIG``: print the batch accounting and the plan-time checks, or why the
-config cannot run (exit status 2, one line per problem)."""
+config cannot run (exit status 2, one line per problem); with ``--gpu-memory``, also the
+memory plan per GPU (exit status 1 when a rank does not fit)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-HELP = ("Print how a config's batch knobs turn collections into optimizer updates, and "
-        "check its environments, model folder, positions and micro-batch budget.")
+HELP = ("Print how a config's batch knobs turn collections into optimizer updates, check "
+        "its environments, model folder, positions and micro-batch budget, and with "
+        "--gpu-memory whether a training rank fits its GPU.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments: the config file and ``--set`` overrides."""
+    """Arguments: the config file, ``--set`` overrides, the GPU size and rank count."""
     parser.add_argument("config", help="TOML config file")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override one setting (repeatable)")
+    parser.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
+                        help="memory of one GPU in GiB: print the memory plan per rank "
+                             "(model states, activations, log-prob chunk, engine, headroom)")
+    parser.add_argument("--ranks", type=int, default=None, metavar="N",
+                        help="training ranks sharing the model states (default: "
+                             "train.num_ranks, or torchrun's WORLD_SIZE)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load and validate the config, print the plan, then run the plan-time checks."""
+    """Load and validate the config, print the plan and, when asked, the memory plan (it
+    needs only the model's shape, so it prints on a machine without the model), then run
+    the plan-time checks. Exit status 2 when a check fails, 1 when a rank does not fit."""
     from agentrl.accounting import describe_plan, plan_batches
     from agentrl.config import load_config
     from agentrl.preflight import run_checks
@@ -25,7 +36,34 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     print(f"{args.config}: valid")
     print(describe_plan(plan_batches(config)))
+    fits = True if args.gpu_memory is None else _memory_plan(config, args)
     print("checks:")
     for line in run_checks(config):
         print(f"  {line}")
-    return 0
+    return 0 if fits else 1
+
+
+def _memory_plan(config: Any, args: argparse.Namespace) -> bool:
+    """Print the memory plan per GPU; True when every rank fits."""
+    from agentrl.config import ConfigError
+    from agentrl.memory.plan import describe_memory_plan, plan_memory
+    from agentrl.model.shapes import model_shape
+
+    if not config.model.path:
+        raise ConfigError("--gpu-memory plans a real model; set model.path (the tiny built-in "
+                          "model needs no plan)")
+    try:
+        plan = plan_memory(config, model_shape(config.model.path), args.gpu_memory,
+                           args.ranks or _world_size())
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    print(describe_memory_plan(plan))
+    return plan.fits
+
+
+def _world_size() -> int | None:
+    """torchrun's WORLD_SIZE when set, else None (then train.num_ranks)."""
+    import os
+
+    size = os.environ.get("WORLD_SIZE")
+    return int(size) if size else None

@@ -153,10 +153,12 @@ class EngineMemory(msgspec.Struct, frozen=True):
 
 
 def engine_memory(config: Config, num_parameters: int, num_layers: int, num_kv_heads: int,
-                  head_dim: int, max_position_embeddings: int) -> EngineMemory:
-    """What the configured replicas hold in memory (see :class:`EngineMemory`)."""
+                  head_dim: int, max_position_embeddings: int,
+                  itemsize: int | None = None) -> EngineMemory:
+    """What the configured replicas hold in memory (see :class:`EngineMemory`);
+    ``itemsize``: bytes per value (default: this machine's engine dtype)."""
     rollout = config.rollout
-    itemsize = engine_dtype(config).itemsize
+    itemsize = itemsize or engine_dtype(config).itemsize
     tp = rollout.tensor_parallel_size
     kv = 0
     fraction = None

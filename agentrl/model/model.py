@@ -7,6 +7,13 @@ a checkpoint's state dict loads as is. Three ways to run it:
 - ``forward(ids, cu_seqlens=...)``: one packed row of several rows, varlen attention that
   never crosses a row boundary (training);
 - ``forward_cached(ids, slots, cache)``: append tokens to KV-cached slots (generation).
+
+Training passes ``targets`` (and the rollout temperature) to ``forward`` and gets each
+target's log-prob and the entropy back, computed from the final hidden states chunk by
+chunk (``agentrl.model.logprobs``): no ``[T, V]`` logits exist. It runs inside ``forward``
+(in the LM head's own ``forward``) because FSDP2 gathers the parameters of a module only
+around that module's ``forward``. With activation checkpointing on, each decoder layer
+keeps only its input for backward and recomputes the rest (``configure_memory``).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from agentrl.model.args import ModelArgs
 from agentrl.model.attention import (
@@ -23,6 +31,7 @@ from agentrl.model.attention import (
     varlen_attention,
 )
 from agentrl.model.kv_cache import KVCache
+from agentrl.model.logprobs import TokenScores, chunked_target_logprobs
 from agentrl.model.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
 
@@ -130,8 +139,20 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(args)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.activation_checkpointing = False
+        """Keep only the layer's input for backward and recompute the block there."""
 
     def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            # torch's non-reentrant checkpoint around the whole block, inside this
+            # module's forward: FSDP2's hooks wrap the module call, outside the
+            # checkpointed region, as with torch's checkpoint_wrapper (torchtitan's full
+            # AC), and parameter names stay unchanged. The rope tables go in as
+            # arguments so the checkpoint saves them (they live until backward anyway).
+            return checkpoint(self._block, x, ctx, ctx.cos, ctx.sin, use_reentrant=False)
+        return self._block(x, ctx)
+
+    def _block(self, x: torch.Tensor, ctx: _Context, *_saved: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -148,6 +169,25 @@ class Decoder(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
+class LMHead(nn.Linear):
+    """The output projection (HF's ``lm_head``). Alone: logits [..., V] in fp32. With
+    targets: their log-probs and the entropy, ``chunk_tokens`` positions at a time."""
+
+    def __init__(self, hidden_size: int, vocab_size: int) -> None:
+        super().__init__(hidden_size, vocab_size, bias=False)
+        self.chunk_tokens = 1024
+        """Positions per log-prob chunk: bounds the head's transient [chunk, V] tensors."""
+
+    def forward(  # type: ignore[override]
+        self, hidden: torch.Tensor, targets: torch.Tensor | None = None,
+        temperature: float = 1.0,
+    ) -> torch.Tensor | TokenScores:
+        if targets is None:
+            return F.linear(hidden, self.weight).float()
+        return chunked_target_logprobs(hidden, self.weight, targets, temperature,
+                                       self.chunk_tokens)
+
+
 class CausalLM(nn.Module):
     """Decoder + LM head. ``attention``: "auto" | "flash" | "torch" (ModelConfig.attention)."""
 
@@ -156,7 +196,7 @@ class CausalLM(nn.Module):
         self.config = config
         self.attention_backend = resolve_backend(attention)
         self.model = Decoder(config, self.attention_backend)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         inv_freq, self.rope_attention_factor = inverse_frequencies(
@@ -173,13 +213,29 @@ class CausalLM(nn.Module):
         """Dtype of the parameters."""
         return self.lm_head.weight.dtype
 
+    def configure_memory(
+        self, activation_checkpointing: bool, logprob_chunk_tokens: int = 1024
+    ) -> None:
+        """Training memory switches: checkpoint every decoder layer (recompute it in
+        backward), and the positions per log-prob chunk of the training forward."""
+        if logprob_chunk_tokens < 1:
+            raise ValueError(f"logprob_chunk_tokens is {logprob_chunk_tokens}; it must be >= 1")
+        for layer in self.model.layers:
+            layer.activation_checkpointing = activation_checkpointing
+        self.lm_head.chunk_tokens = logprob_chunk_tokens
+
     def forward(
         self,
         input_ids: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Logits [B, T, V] in fp32 for input_ids [B, T].
+        *,
+        targets: torch.Tensor | None = None,
+        temperature: float = 1.0,
+    ) -> torch.Tensor | TokenScores:
+        """Logits [B, T, V] in fp32 for input_ids [B, T]; with ``targets`` [B, T] instead
+        ``TokenScores``: log_softmax(logits / temperature)[target] [B, T] in fp32 and the
+        entropy [B, T] (no grad), without ever holding the [T, V] logits (training).
 
         With ``cu_seqlens`` (B must be 1) the row holds several rows back to back and
         attention stays inside each; position ids then restart at 0 per row (derived from
@@ -195,7 +251,13 @@ class CausalLM(nn.Module):
             position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
         cos, sin = self._rope(position_ids.to(input_ids.device))
         ctx = _Context(cos, sin, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
-        return self._run(input_ids, ctx)
+        hidden = self._hidden(input_ids, ctx)
+        if targets is None:
+            return self.lm_head(hidden)
+        if targets.shape != input_ids.shape:
+            raise ValueError(f"targets have shape {tuple(targets.shape)}; expected "
+                             f"{tuple(input_ids.shape)} like input_ids")
+        return self.lm_head(hidden, targets, temperature)
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
         """An empty cache for ``num_slots`` concurrent requests of up to ``max_len`` tokens."""
@@ -236,18 +298,19 @@ class CausalLM(nn.Module):
             cos, sin, cache=cache, slots=slots, positions=positions, mask=mask.unsqueeze(1),
             span=span,
         )
-        logits = self._run(input_ids, ctx)
+        logits = self.lm_head(self._hidden(input_ids, ctx))
         cache.lengths[slots] += t
         return logits
 
     def _rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(position_ids, self.inv_freq, self.rope_attention_factor, self.dtype)
 
-    def _run(self, input_ids: torch.Tensor, ctx: _Context) -> torch.Tensor:
+    def _hidden(self, input_ids: torch.Tensor, ctx: _Context) -> torch.Tensor:
+        """Final-norm hidden states [B, T, H]: what the LM head reads."""
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             x = layer(x, ctx)
-        return self.lm_head(self.model.norm(x)).float()
+        return self.model.norm(x)
 
 
 def _check_cu_seqlens(cu_seqlens: torch.Tensor, b: int, t: int) -> tuple[torch.Tensor, int]:

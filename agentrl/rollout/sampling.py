@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import torch
 
+from agentrl.model.logprobs import scaled_logits, target_logprobs
+
 
 def scaled_logprobs(logits_v: torch.Tensor, temperature: float) -> torch.Tensor:
     """Log-probs of the distribution the trainer computes: log_softmax(logits / T), T=1 if 0."""
-    scale = temperature if temperature > 0 else 1.0
-    return torch.log_softmax(logits_v.float() / scale, dim=-1)
+    return torch.log_softmax(scaled_logits(logits_v, temperature), dim=-1)
 
 
 def top_p_mask(probs_v: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -38,11 +39,12 @@ def sample_token(
     top_p: float,
     generator: torch.Generator | None,
 ) -> tuple[int, float]:
-    """Draw one token from 1-D logits; return (token id, its log-prob as documented above)."""
-    logprobs_v = scaled_logprobs(logits_v, temperature)
+    """Draw one token from 1-D logits; return (token id, its log-prob as documented above,
+    through the trainer's own definition ``agentrl.model.logprobs.target_logprobs``)."""
     if temperature <= 0:
-        token = int(torch.argmax(logprobs_v))
+        token = int(torch.argmax(logits_v))
     else:
-        probs_v = top_p_mask(logprobs_v.exp(), top_p)
+        probs_v = top_p_mask(scaled_logprobs(logits_v, temperature).exp(), top_p)
         token = int(torch.multinomial(probs_v, 1, generator=generator))
-    return token, float(logprobs_v[token])
+    logprob = target_logprobs(logits_v, torch.tensor(token), temperature)
+    return token, float(logprob)

@@ -24,6 +24,8 @@ def test_gpu_acceptance_dry_run_passes_every_check_it_can_run_here() -> None:
                  "KL term active", "log-probs agree", "checkpoint written"):
         assert any(name in line for line in passed), (name, lines)
     assert any(line.startswith("[SKIP] [vllm]") for line in checks)
+    assert any("[engines]" in line for line in passed)  # two agentrl serve replicas, gloo
+    assert any(line.startswith("[SKIP] [memory]") for line in checks)
     assert any("training tokens/s" in line for line in lines)
 
 

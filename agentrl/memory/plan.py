@@ -1,0 +1,343 @@
+"""The memory plan: what one training rank holds on its GPU, term by term, before launch.
+
+Every term is in BYTES (printed in GiB = 2^30 bytes). The model is the one of
+``model.path`` (its config.json, or a known shape when the folder is not here), trained
+as the trainer does: FSDP2 over the training ranks, fp32 master parameters, gradients and
+AdamW states sharded; compute in ``model.dtype``; decoder layers checkpointed when
+``train.activation_checkpointing`` is on ("auto" plans for a GPU, so on); log-probs from
+the hidden states in chunks of ``train.logprob_chunk_tokens`` positions.
+
+Per-token activation bytes follow the model code op by op (what autograd saves; ``b`` is
+the compute dtype's size, H hidden, Hq = heads × head_dim, Hkv = kv heads × head_dim,
+I intermediate, V vocabulary), and ``bench/memory.py`` measures the same figures:
+
+- a decoder layer without checkpointing: two RMSNorms (fp32 input copy 4H, 1/rms 4,
+  normalized b·H, output b·H, each), attention (q, k, v, output, o_proj input
+  b·(3·Hq + 2·Hkv), log-sum-exp 4 per head), SwiGLU MLP (gate, silu, up, product 4·b·I);
+- a checkpointed layer: its input, b·H;
+- once per micro-batch: the rope tables cos and sin, 2·b·head_dim;
+- head and loss: input ids 8, final norm 4H + 4 + 2·b·H, targets 8, log-sum-exp 4, loss
+  terms ~40; the full-logits path would add 4·V.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from agentrl.config import Config
+from agentrl.engines.build import engine_max_len
+from agentrl.model.args import ModelArgs
+
+GIB = 1024**3
+MASTER_STATE_BYTES = 16
+"""Per parameter: fp32 master weight 4 + fp32 gradient 4 + AdamW exp_avg and exp_avg_sq 8."""
+RUNTIME_RESERVE_BYTES = 2 * GIB
+"""CUDA context, NCCL buffers and allocator fragmentation: a rule of thumb per GPU."""
+LOSS_BYTES_PER_TOKEN = 40
+"""The loss's own saved per-token tensors (ratio, clipped terms, masks: ~10 fp32 values)."""
+VLLM_DEFAULT_UTILIZATION = 0.5
+"""vLLM's gpu_memory_utilization when rollout.vllm_args does not set it (run.build_engine)."""
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
+"""Compute dtype sizes; the plan is for GPUs, where "auto" computes in bfloat16."""
+
+Phase = Literal["always", "training", "generation"]
+
+
+class MemoryTerm(msgspec.Struct):
+    """One line of the plan."""
+
+    name: str
+    bytes: float
+    """Bytes on one GPU."""
+    detail: str
+    phase: Phase = "always"
+    """When the bytes are held: all the time, only while training (activations, gathered
+    parameters) or only while generating (a colocated engine asleep during training)."""
+
+
+class MemoryPlan(msgspec.Struct):
+    """Rank 0's memory (trainer and engine) against the GPU's."""
+
+    gpu_bytes: float
+    num_ranks: int
+    activation_checkpointing: bool
+    terms: list[MemoryTerm]
+    """Training terms, then the engine's share and the runtime reserve."""
+    suggestions: list[str] = []
+    """Settings that would make a config that does not fit fit (empty when it fits)."""
+    max_fitting_tokens: int = 0
+    """The largest micro-batch budget (tokens, multiple of 1024) that fits; 0 if none."""
+
+    @property
+    def total_bytes(self) -> float:
+        """Everything rank 0 holds at its peak: what it always holds, plus the larger of
+        the training phase and the generation phase."""
+        def held(phase: str) -> float:
+            return sum(term.bytes for term in self.terms if term.phase == phase)
+
+        return held("always") + max(held("training"), held("generation"))
+
+    @property
+    def engine_bytes(self) -> float:
+        """The engine's share (rank 0 only)."""
+        return sum(term.bytes for term in self.terms if term.name.startswith("engine"))
+
+    @property
+    def without_engine_bytes(self) -> float:
+        """The peak of a rank whose GPU holds no replica."""
+        return sum(t.bytes for t in self.terms if t.phase != "generation"
+                   and not t.name.startswith("engine"))
+
+    @property
+    def headroom_bytes(self) -> float:
+        """GPU memory left at the peak; negative when the config does not fit."""
+        return self.gpu_bytes - self.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        """The peak stays within the GPU."""
+        return self.headroom_bytes >= 0
+
+
+# --------------------------------------------------------------------------- per token
+
+
+def layer_bytes_per_token(args: ModelArgs, dtype_bytes: int, checkpointing: bool) -> int:
+    """Bytes one decoder layer saves for backward per token (see the module docstring)."""
+    b, h, i = dtype_bytes, args.hidden_size, args.intermediate_size
+    if checkpointing:
+        return b * h
+    hq = args.num_attention_heads * args.head_dim
+    hkv = args.num_key_value_heads * args.head_dim
+    norms = 2 * (4 * h + 4 + 2 * b * h)
+    attention = b * (3 * hq + 2 * hkv) + 4 * args.num_attention_heads
+    if args.qk_norm:  # RMSNorm per head of q and k: fp32 copy, 1/rms, normalized
+        attention += (4 + b) * (hq + hkv) + 4 * (args.num_attention_heads
+                                                  + args.num_key_value_heads)
+    return norms + attention + 4 * b * i
+
+
+def shared_bytes_per_token(args: ModelArgs, dtype_bytes: int) -> int:
+    """The rope tables (cos, sin) every layer reads, once per micro-batch, per token."""
+    return 2 * dtype_bytes * args.head_dim
+
+
+def head_bytes_per_token(args: ModelArgs, dtype_bytes: int, full_logits: bool = False) -> int:
+    """Input ids, final norm, LM head, log-probs and loss, per token; ``full_logits``:
+    the path that returned fp32 logits [T, V] (kept for the bench's comparison)."""
+    h = args.hidden_size
+    chunked = 8 + (4 * h + 4 + 2 * dtype_bytes * h) + 8 + 4 + LOSS_BYTES_PER_TOKEN
+    return chunked + (4 * args.vocab_size if full_logits else 0)
+
+
+def saved_bytes_per_token(args: ModelArgs, dtype_bytes: int, checkpointing: bool,
+                          full_logits: bool = False) -> int:
+    """Autograd state per token of a micro-batch: all layers, rope tables, head and loss."""
+    return (args.num_hidden_layers * layer_bytes_per_token(args, dtype_bytes, checkpointing)
+            + shared_bytes_per_token(args, dtype_bytes)
+            + head_bytes_per_token(args, dtype_bytes, full_logits))
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def parameter_counts(args: ModelArgs) -> tuple[int, int, int]:
+    """(all parameters, the root FSDP unit's: embeddings + final norm + untied head,
+    one decoder layer's)."""
+    h, hq = args.hidden_size, args.num_attention_heads * args.head_dim
+    hkv = args.num_key_value_heads * args.head_dim
+    attention = h * hq + 2 * h * hkv + hq * h
+    if args.attention_bias:
+        attention += hq + 2 * hkv
+    if args.o_proj_bias:
+        attention += h
+    if args.qk_norm:
+        attention += 2 * args.head_dim
+    mlp = 3 * h * args.intermediate_size + (2 * args.intermediate_size + h
+                                            if args.mlp_bias else 0)
+    layer = attention + mlp + 2 * h
+    embeddings = args.vocab_size * h
+    root = embeddings * (1 if args.tie_word_embeddings else 2) + h
+    return root + args.num_hidden_layers * layer, root, layer
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def resolve_activation_checkpointing(setting: str | bool, on_gpu: bool) -> bool:
+    """train.activation_checkpointing: "auto" means on when training on a GPU."""
+    return on_gpu if setting == "auto" else bool(setting)
+
+
+def plan_memory(config: Config, args: ModelArgs, gpu_gib: float,
+                num_ranks: int | None = None) -> MemoryPlan:
+    """Rank 0's peak memory for ``config`` on GPUs of ``gpu_gib`` GiB, with suggestions
+    when it does not fit. ``num_ranks``: training ranks (default train.num_ranks)."""
+    num_ranks = num_ranks or config.train.num_ranks
+    if num_ranks < 1 or not gpu_gib > 0:
+        raise ValueError(f"the plan needs >= 1 rank and a positive GPU size; got {num_ranks} "
+                         f"ranks and {gpu_gib} GiB")
+    plan = _plan(config, args, gpu_gib * GIB, num_ranks)
+    plan.max_fitting_tokens = _max_fitting_tokens(config, args, plan.gpu_bytes, num_ranks)
+    if not plan.fits:
+        plan.suggestions = _suggestions(config, args, plan)
+    return plan
+
+
+def _plan(config: Config, args: ModelArgs, gpu_bytes: float, num_ranks: int) -> MemoryPlan:
+    checkpointing = resolve_activation_checkpointing(config.train.activation_checkpointing,
+                                                     on_gpu=True)
+    b = DTYPE_BYTES[config.model.dtype]
+    tokens = config.batch.max_tokens_per_microbatch
+    total, root, layer = parameter_counts(args)
+    per_token = saved_bytes_per_token(args, b, checkpointing)
+    other = saved_bytes_per_token(args, b, not checkpointing)
+    terms = [
+        MemoryTerm("model states", MASTER_STATE_BYTES * total / num_ranks,
+                   f"{_count(total)} params × 16 B (fp32 master, grad, 2 AdamW moments) "
+                   f"/ {num_ranks} rank(s)"),
+        MemoryTerm("gathered parameters", b * (root + 2 * layer),
+                   f"{config.model.dtype} copy of the root unit (embeddings, head) and two "
+                   "layers (computing + prefetched)", "training"),
+        MemoryTerm("activations", tokens * per_token,
+                   f"{tokens} tokens × {per_token / 1024:.1f} KiB/token, activation "
+                   f"checkpointing {'on' if checkpointing else 'off'} ({other / 1024:.1f} "
+                   f"KiB/token {'off' if checkpointing else 'on'})", "training"),
+        _backward_working_set(args, b, tokens, checkpointing, config.train.logprob_chunk_tokens,
+                              root),
+        *_engine_shares(config, args, gpu_bytes, b),
+        MemoryTerm("runtime reserve", RUNTIME_RESERVE_BYTES,
+                   "CUDA context, NCCL buffers, allocator fragmentation (rule of thumb)"),
+    ]
+    return MemoryPlan(gpu_bytes=gpu_bytes, num_ranks=num_ranks,
+                      activation_checkpointing=checkpointing, terms=terms)
+
+
+def _count(num: int) -> str:
+    return f"{num / 1e9:.2f}B" if num >= 1e9 else f"{num / 1e6:.1f}M"
+
+
+def _backward_working_set(args: ModelArgs, b: int, tokens: int, checkpointing: bool,
+                          chunk: int, root_params: int) -> MemoryTerm:
+    """The largest transient of backward: the LM head's chunk ([chunk, V] logits in
+    compute dtype, their fp32 gradient and its compute-dtype copy; the head's weight
+    gradient [V, H] accumulated in fp32 plus one chunk's product), or one layer (its
+    recomputed activations when checkpointed, and their gradients) while the root's
+    gradient waits in compute dtype."""
+    vocab, hidden = args.vocab_size, args.hidden_size
+    head = chunk * vocab * (2 * b + 4) + vocab * hidden * (4 + (b if b != 4 else 0))
+    full_layer = tokens * layer_bytes_per_token(args, b, checkpointing=False)
+    layer = full_layer * (2 if checkpointing else 1) + b * root_params
+    if head >= layer:
+        return MemoryTerm("backward working set", head,
+                          f"log-prob chunk [{chunk} × {vocab}] and the head's fp32 gradient",
+                          "training")
+    what = "one recomputed layer and its gradients" if checkpointing else "one layer's gradients"
+    return MemoryTerm("backward working set", layer, f"{what} at {tokens} tokens, root gradient",
+                      "training")
+
+
+def _engine_shares(config: Config, args: ModelArgs, gpu_bytes: float,
+                   b: int) -> list[MemoryTerm]:
+    """The inference replica on rank 0's GPU (``agentrl.engines.build.engine_memory``).
+    Colocated vLLM takes its gpu_memory_utilization of the GPU while generating and sleeps
+    (frees it) while the trainer trains; the built-in engine keeps its model copy and frees
+    its KV cache (slots × max_len × layers × K,V × kv heads × head_dim × dtype bytes).
+    Replicas on separate GPUs or remote servers take nothing here."""
+    from agentrl.engines.build import engine_memory
+
+    share = engine_memory(config, parameter_counts(args)[0], args.num_hidden_layers,
+                          args.num_key_value_heads, args.head_dim,
+                          args.max_position_embeddings, itemsize=b)
+    if share.num_local_replicas == 0:
+        return [MemoryTerm("engine (remote)", 0.0, "replicas are servers elsewhere")]
+    if not share.colocated:
+        return [MemoryTerm("engine (separate)", 0.0, "replicas run on GPUs of their own")]
+    if share.vllm_gpu_memory_fraction is not None:
+        util = share.vllm_gpu_memory_fraction
+        return [MemoryTerm("engine (vLLM)", util * gpu_bytes,
+                           f"gpu_memory_utilization {util:g} of the GPU (rollout.vllm_args); "
+                           "asleep while training", "generation")]
+    weights, kv = share.weight_bytes_per_replica, share.kv_cache_bytes_per_replica
+    slots = config.rollout.max_concurrent_rollouts
+    max_len = engine_max_len(config, args.max_position_embeddings)
+    return [MemoryTerm("engine model copy", weights, "the built-in engine's weights"),
+            MemoryTerm("engine KV cache", kv, f"{slots} slots × {max_len} tokens; freed "
+                       "while training", "generation")]
+
+
+def _with(config: Config, section: str, **changes: object) -> Config:
+    part = msgspec.structs.replace(getattr(config, section), **changes)
+    return msgspec.structs.replace(config, **{section: part})
+
+
+def _max_fitting_tokens(config: Config, args: ModelArgs, gpu_bytes: float,
+                        num_ranks: int) -> int:
+    """The largest multiple of 1024 tokens per micro-batch that fits (0 if none)."""
+    def fits(tokens: int) -> bool:
+        changed = _with(config, "batch", max_tokens_per_microbatch=tokens)
+        return _plan(changed, args, gpu_bytes, num_ranks).fits
+
+    low, high = 0, 1024  # in units of 1024 tokens; the plan is monotone in the budget
+    while fits(high * 1024) and high < 1 << 20:
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid * 1024) else (low, mid)
+    return low * 1024
+
+
+def _suggestions(config: Config, args: ModelArgs, plan: MemoryPlan) -> list[str]:
+    """Each knob alone, at the value that would make the config fit."""
+    out = []
+    if not plan.activation_checkpointing:
+        on = _with(config, "train", activation_checkpointing=True)
+        if _plan(on, args, plan.gpu_bytes, plan.num_ranks).fits:
+            out.append("train.activation_checkpointing = true")
+    longest_row = engine_max_len(config, args.max_position_embeddings)
+    if plan.max_fitting_tokens >= longest_row:
+        out.append(f"batch.max_tokens_per_microbatch = {plan.max_fitting_tokens}")
+    elif plan.max_fitting_tokens:
+        out.append(f"batch.max_tokens_per_microbatch = {plan.max_fitting_tokens} would fit "
+                   f"but rows reach {longest_row} tokens: shorten them (compaction) too")
+    if config.rollout.engine == "vllm":
+        spare = plan.headroom_bytes + plan.engine_bytes
+        util = int(100 * spare / plan.gpu_bytes) / 100
+        if util >= 0.1:
+            out.append(f"rollout.vllm_args.gpu_memory_utilization = {util:.2f} (a smaller "
+                       "KV cache: fewer concurrent rollouts in vLLM)")
+    for ranks in (2, 4, 8, 16, 32, 64):
+        if ranks > plan.num_ranks and _plan(config, args, plan.gpu_bytes, ranks).fits:
+            out.append(f"{ranks} training ranks (--ranks {ranks}; FSDP2 shards the states)")
+            break
+    return out
+
+
+def describe_memory_plan(plan: MemoryPlan) -> str:
+    """The plan as printed by ``agentrl plan --gpu-memory``: one term per line, in GiB."""
+    lines = [f"memory per GPU (rank 0: trainer + engine; {plan.num_ranks} training rank(s), "
+             f"{plan.gpu_bytes / GIB:g} GiB):"]
+    for term in plan.terms:
+        when = "" if term.phase == "always" else f"[{term.phase}] "
+        lines.append(f"  {term.name:<22} {term.bytes / GIB:7.2f} GiB  {when}{term.detail}")
+    held = {phase: sum(t.bytes for t in plan.terms if t.phase == phase) / GIB
+            for phase in ("always", "training", "generation")}
+    lines.append(f"  {'total':<22} {plan.total_bytes / GIB:7.2f} GiB  always "
+                 f"{held['always']:.2f} + max(training {held['training']:.2f}, generation "
+                 f"{held['generation']:.2f})")
+    lines.append(f"  {'headroom':<22} {plan.headroom_bytes / GIB:7.2f} GiB")
+    if plan.num_ranks > 1 and plan.engine_bytes:
+        others = "rank 1" if plan.num_ranks == 2 else f"ranks 1-{plan.num_ranks - 1}"
+        lines.append(f"{others} (no engine): {plan.without_engine_bytes / GIB:.2f} GiB each")
+    tokens = f"largest micro-batch that fits: {plan.max_fitting_tokens} tokens"
+    if plan.fits:
+        lines.append(f"fits; {tokens}")
+        return "\n".join(lines)
+    lines.append(f"WARNING: does not fit by {-plan.headroom_bytes / GIB:.2f} GiB. Any one of "
+                 "these would fit:" if plan.suggestions else
+                 f"WARNING: does not fit by {-plan.headroom_bytes / GIB:.2f} GiB, and no "
+                 "single setting fixes it: use larger GPUs or more ranks.")
+    lines.extend(f"  {s}" for s in plan.suggestions)
+    return "\n".join(lines)

@@ -1,0 +1,156 @@
+"""Log-probs and entropy of target tokens: one definition for the engines and the trainer.
+
+The log-prob of token y under logits z at sampling temperature T is
+
+    log_softmax(z / T)[y] = z[y] / T − logsumexp(z / T),   in float32,
+
+with T = 0 (greedy) counted as T = 1. The engine reports it for each sampled token
+(``target_logprobs`` on one position's logits) and the trainer recomputes it for every
+target (``chunked_target_logprobs``, inside the model's forward), through the same
+``_logprob_parts``, so a ratio trainer / engine starts at 1 up to the forward's rounding.
+
+``chunked_target_logprobs`` never holds the logits of a whole micro-batch: it goes over
+the final hidden states ``chunk`` tokens at a time, computes the chunk's logits
+``[chunk, V]``, keeps only each target's log-prob, the log-sum-exp and the entropy, and in
+backward recomputes each chunk's logits. Its autograd state is the hidden states and
+4 bytes of log-sum-exp per token instead of ``[T, V]`` float32 logits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class TokenScores(NamedTuple):
+    """What the training forward returns instead of logits."""
+
+    logprobs: Tensor
+    """[B, T] float32: log_softmax(logits / T)[target] per position, differentiable."""
+    entropy: Tensor
+    """[B, T] float32: entropy of softmax(logits / T) per position (no gradient)."""
+
+
+def temperature_scale(temperature: float) -> float:
+    """The divisor of the logits: the sampling temperature, or 1 for greedy (T = 0)."""
+    return temperature if temperature > 0 else 1.0
+
+
+def scaled_logits(logits: Tensor, temperature: float) -> Tensor:
+    """logits / T in float32 (no copy beyond the float32 cast when T is 1 or 0)."""
+    z = logits.float()
+    scale = temperature_scale(temperature)
+    return z if scale == 1.0 else z / scale
+
+
+def _logprob_parts(
+    logits_nv: Tensor, targets_n: Tensor, temperature: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(scaled logits z [N, V], logsumexp(z) [N], log-prob of each target [N]): THE
+    definition every path goes through."""
+    z = scaled_logits(logits_nv, temperature)
+    lse = torch.logsumexp(z, dim=-1)
+    picked = z.gather(-1, targets_n[..., None]).squeeze(-1)
+    return z, lse, picked - lse
+
+
+def target_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """log_softmax(logits / T)[target]: logits [..., V], targets [...] → [...] float32."""
+    return _logprob_parts(logits, targets, temperature)[2]
+
+
+def entropy_from_scaled(z_nv: Tensor, lse_n: Tensor) -> Tensor:
+    """Entropy of softmax(z) from z and its logsumexp: lse − Σ p·z (float32, [N])."""
+    p = (z_nv - lse_n[:, None]).exp_()
+    return lse_n - p.mul_(z_nv).sum(-1)
+
+
+def chunked_target_logprobs(
+    hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk: int
+) -> TokenScores:
+    """Log-prob and entropy of each target from final hidden states, ``chunk`` tokens at
+    a time: hidden [..., H], weight (the LM head) [V, H], targets [...] → TokenScores of
+    shape [...]. Exact like ``target_logprobs(hidden @ weight.T, targets, T)``; no
+    ``[T, V]`` tensor exists in forward or backward, only ``[chunk, V]`` ones.
+    """
+    if chunk < 1:
+        raise ValueError(f"log-prob chunk is {chunk} tokens; train.logprob_chunk_tokens must "
+                         "be >= 1")
+    if targets.shape != hidden.shape[:-1]:
+        raise ValueError(f"targets have shape {tuple(targets.shape)}; expected "
+                         f"{tuple(hidden.shape[:-1])}, one target per position")
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    logprobs, entropy = _ChunkedHead.apply(
+        flat_hidden, weight, targets.reshape(-1), temperature, chunk
+    )
+    return TokenScores(logprobs.view(targets.shape), entropy.view(targets.shape))
+
+
+class _ChunkedHead(torch.autograd.Function):
+    """hidden [N, H], weight [V, H], targets [N] → (log-probs [N], entropy [N]).
+
+    Saved for backward: hidden, weight (a parameter), targets and logsumexp [N] float32.
+    Backward recomputes each chunk's logits: d logprob / d z = onehot(target) − softmax(z),
+    and z = logits / T, so d logits = that / T.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
+        chunk: int,
+    ) -> tuple[Tensor, Tensor]:
+        n = hidden.shape[0]
+        logprobs = hidden.new_empty(n, dtype=torch.float32)
+        entropy = torch.empty_like(logprobs)
+        lse = torch.empty_like(logprobs)
+        for start in range(0, n, chunk):
+            end = min(start + chunk, n)
+            z, lse_c, logprobs_c = _logprob_parts(
+                F.linear(hidden[start:end], weight), targets[start:end], temperature
+            )
+            logprobs[start:end], lse[start:end] = logprobs_c, lse_c
+            entropy[start:end] = entropy_from_scaled(z, lse_c)
+            del z
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_logprobs: Tensor, _grad_entropy: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+        hidden, weight, targets, lse = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight: Tensor | None = None
+        scale = temperature_scale(ctx.temperature)
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            end = min(start + ctx.chunk, hidden.shape[0])
+            h = hidden[start:end]
+            z = scaled_logits(F.linear(h, weight), ctx.temperature)
+            g = z.sub_(lse[start:end, None]).exp_().neg_()  # −softmax, in place of z
+            g.scatter_add_(1, targets[start:end, None], torch.ones_like(g[:, :1]))
+            g.mul_(grad_logprobs[start:end, None] / scale)
+            g = g.to(hidden.dtype)
+            if grad_hidden is not None:
+                grad_hidden[start:end] = g @ weight
+            if ctx.needs_input_grad[1]:
+                grad_weight = _accumulate(grad_weight, g.t(), h)
+            del z, g
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None
+
+
+def _accumulate(total: Tensor | None, a: Tensor, b: Tensor) -> Tensor:
+    """total + a @ b, summed in float32 from the second chunk on: each chunk's product is
+    rounded once, like the one full-size product of the plain path (a bf16 running sum
+    would round at every chunk). One chunk needs no float32 buffer at all."""
+    if total is None:
+        return a @ b
+    if total.dtype == a.dtype == torch.float32:
+        return total.addmm_(a, b)
+    return total.float().add_(a @ b)

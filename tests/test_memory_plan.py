@@ -1,0 +1,137 @@
+"""The memory plan: its per-token activation figures agree with what autograd really saves
+(the measurement bench/memory.py reports), its sums by hand, and its advice makes configs
+fit."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import torch
+
+from agentrl.cli import main
+from agentrl.config import load_config
+from agentrl.memory.measure import build_model, saved_bytes, synthetic_micro_batch
+from agentrl.memory.plan import (
+    GIB,
+    parameter_counts,
+    plan_memory,
+    saved_bytes_per_token,
+)
+from agentrl.model import ModelArgs
+from agentrl.model.shapes import KNOWN_SHAPES, model_shape
+from agentrl.model.tiny import init_model
+
+GSM8K = "configs/gsm8k_qwen2.5_1.5b.toml"
+COUNTDOWN = "configs/countdown_qwen2.5_1.5b.toml"
+
+
+def _small(family: str) -> ModelArgs:
+    return ModelArgs(model_type=family, vocab_size=512, hidden_size=64, intermediate_size=160,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, attention_bias=family == "qwen2", qk_norm=family == "qwen3",
+                     tie_word_embeddings=family == "qwen2")
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("after", [False, True], ids=["full_logits", "checkpointed_chunked"])
+def test_plan_per_token_bytes_match_the_measurement_within_15_percent(family, dtype, after):
+    args = _small(family)
+    model = build_model(args, dtype)
+    model.configure_memory(activation_checkpointing=after, logprob_chunk_tokens=64)
+    measured = saved_bytes(model, synthetic_micro_batch(args.vocab_size, 256, 3),
+                           chunked_head=after)
+    planned = saved_bytes_per_token(args, dtype.itemsize, checkpointing=after,
+                                    full_logits=not after)
+    total = measured.total(args.num_hidden_layers)
+    assert abs(planned - total) <= 0.15 * total, (planned, msgspec.structs.asdict(measured))
+
+
+def test_qwen25_15b_figures_by_hand():
+    args = KNOWN_SHAPES["Qwen2.5-1.5B"]
+    total, root, layer = parameter_counts(args)
+    assert total == 1_543_714_304  # the published parameter count
+    assert root == 151936 * 1536 + 1536
+    # bf16, no checkpointing: 104.05 KiB per layer, 606 KiB of fp32 logits: 3.44 MiB
+    assert saved_bytes_per_token(args, 2, False, full_logits=True) / 2**20 == pytest.approx(
+        3.437, abs=0.001)
+    # checkpointed: each layer keeps its bf16 input; rope tables 2·2·128; head: ids 8,
+    # norm 4H + 4 + 2·2H, targets 8, log-sum-exp 4, loss ~40 (bench/memory.py: 12,348)
+    head = 8 + (4 * 1536 + 4 + 4 * 1536) + 8 + 4 + 40
+    assert saved_bytes_per_token(args, 2, True) == 28 * 1536 * 2 + 512 + head
+    assert head <= 16 * 1024 and saved_bytes_per_token(args, 2, True) <= 0.25 * 2**20
+
+
+def test_parameter_counts_equal_the_models():
+    for family in ("qwen2", "qwen3"):
+        args = _small(family)
+        model = init_model(args, seed=0)
+        assert parameter_counts(args)[0] == sum(p.numel() for p in model.parameters())
+
+
+def test_recipes_fit_80_gib_next_to_vllm_at_half():
+    for path in (GSM8K, COUNTDOWN):
+        config = load_config(path)
+        assert config.rollout.engine == "vllm" and "gpu_memory_utilization" not in (
+            config.rollout.vllm_args)  # so vLLM takes the default half of the GPU
+        plan = plan_memory(config, model_shape(config.model.path), 80)
+        assert plan.fits and plan.activation_checkpointing
+        states = next(t for t in plan.terms if t.name == "model states")
+        assert states.bytes == 16 * 1_543_714_304
+        assert plan.engine_bytes == 40 * GIB
+
+
+NO_CHECKPOINTING = ["train.activation_checkpointing=false",
+                    "batch.max_tokens_per_microbatch=32768"]
+
+
+def test_a_config_that_does_not_fit_is_told_which_knob_fixes_it():
+    # vLLM sleeps while the trainer trains (colocated), so the training phase alone must
+    # pass 80 GiB: 32k tokens without checkpointing (2.9 MiB of activations per token)
+    config = load_config(GSM8K, NO_CHECKPOINTING)
+    args = model_shape(config.model.path)
+    plan = plan_memory(config, args, 80)
+    assert not plan.fits
+    assert "train.activation_checkpointing = true" in plan.suggestions
+    tokens = plan.max_fitting_tokens
+    assert f"batch.max_tokens_per_microbatch = {tokens}" in plan.suggestions
+    assert tokens % 1024 == 0 and tokens >= 3072  # every row (≤ 3,072 tokens) still fits
+
+    def fits(budget: int) -> bool:
+        changed = load_config(GSM8K, [NO_CHECKPOINTING[0],
+                                      f"batch.max_tokens_per_microbatch={budget}"])
+        return plan_memory(changed, args, 80).fits
+
+    assert fits(tokens) and not fits(tokens + 1024)  # the largest, not just any
+
+
+def test_built_in_engine_share_by_hand():
+    config = load_config("configs/quickstart.toml")
+    args = KNOWN_SHAPES["Qwen2.5-1.5B"]
+    plan = plan_memory(config, args, 24)
+    # model.dtype "auto" plans for a GPU: bf16, 2 bytes per value
+    # 128 slots × (280 + 40 + 1) tokens × 28 layers × K,V × 2 kv heads × 128 × 2 bytes
+    kv = 128 * 321 * 28 * 2 * 2 * 128 * 2
+    assert plan.engine_bytes == kv + 2 * 1_543_714_304
+    # the KV cache is freed while training (colocated): the peak holds the larger phase
+    kv_term = next(t for t in plan.terms if t.name == "engine KV cache")
+    assert kv_term.phase == "generation"
+    training = sum(t.bytes for t in plan.terms if t.phase == "training")
+    always = sum(t.bytes for t in plan.terms if t.phase == "always")
+    assert plan.total_bytes == always + max(training, kv)
+
+
+def test_plan_command(capsys):
+    quickstart = "configs/quickstart.toml"  # its tiny model is in the repository
+    assert main(["plan", quickstart, "--gpu-memory", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "model states" in out and "engine KV cache" in out and "fits;" in out
+    assert main(["plan", quickstart, "--gpu-memory", "0.05", "--ranks", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "WARNING: does not fit" in out and "/ 2 rank(s)" in out
+    # the 1.5B recipe plans on a machine without the model (known shape), then the
+    # plan-time checks refuse the missing /models folder here (exit 2)
+    assert main(["plan", GSM8K, "--gpu-memory", "80"]) == 2
+    captured = capsys.readouterr()
+    assert "engine (vLLM)" in captured.out and "fits;" in captured.out
+    assert "model.path" in captured.err
