@@ -126,7 +126,8 @@ class CompactionConfig(_Section):
     max_context_tokens: int = 2048
     """Context tokens (prompt + history) a turn may start from before compaction."""
     keep_last_turns: int = 2
-    """drop_oldest: turns kept after the system and task messages."""
+    """Turns kept after the system and task messages (and the summary, for summarize).
+    The newest turn, with its tool result, is always kept, even with 0."""
     max_compactions: int = 4
     """Compactions per rollout; past it the rollout ends as truncated."""
     summary_max_tokens: int = 128

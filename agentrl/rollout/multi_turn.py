@@ -5,6 +5,11 @@ turn's context would pass ``compaction.max_context_tokens``, the compactor shrin
 conversation and a new segment starts whose prompt is the compacted context. The reward
 is the sum of step rewards times the environment's ``reward_scale``. An environment
 failure (exception or timeout) ends the rollout as invalid with ``stats.error`` set.
+
+Turn limits: the rollout ends at whichever limit comes first, the environment's own
+``max_turns`` (it returns ``truncated=True``: reason ``"env"``) or ``rollout.max_turns``
+(the runner stops asking: reason ``"max_turns"``). Every truncation is named in
+``stats.truncation_reason`` (see :data:`agentrl.types.TRUNCATION_REASONS`).
 """
 
 from __future__ import annotations
@@ -119,7 +124,7 @@ class RolloutPlayer:
             budget = min(self.config.max_new_tokens,
                          self.config.max_rollout_tokens - self._generated_so_far())
             if budget < 1:
-                self.stats.truncated = True
+                self._truncate("max_rollout_tokens")
                 return
             params = self._params(budget)
             generation = await self._generate(params)
@@ -130,7 +135,8 @@ class RolloutPlayer:
                 "step", _step, self.env, text)
             self._record(reward, info)
             if terminated or truncated:
-                self.stats.truncated = bool(truncated and not terminated)
+                if truncated and not terminated:
+                    self._truncate("env")
                 return
             turn, delta_ids = context.turn_delta(generation.token_ids, self.stop_ids,
                                                  observation)
@@ -142,13 +148,13 @@ class RolloutPlayer:
                 continue
             if not await self._compact(compactor, context, turn, generation.token_ids, params):
                 return
-        self.stats.truncated = True  # out of turns without the environment ending it
+        self._truncate("max_turns")  # out of turns without the environment ending it
 
     async def _compact(self, compactor: Any, context: ChatContext, turn: Any,
                        generated_ids: list[int], params: SamplingParams) -> bool:
         """Start a new segment from a compacted context; False ends the rollout (truncated)."""
         if self.stats.num_compactions >= self.compaction.max_compactions:
-            self.stats.truncated = True
+            self._truncate("max_compactions")
             return False
         assert self.current is not None
         try:
@@ -158,12 +164,17 @@ class RolloutPlayer:
             raise EnvError(f"engine refused the summary request: {exc}") from exc
         self.segments.append(self.current.build())
         self.current = None
-        if prompt_ids is None:  # not even the task fits the budget
-            self.stats.truncated = True
+        if prompt_ids is None:  # the task and the newest turn do not fit the budget
+            self._truncate("context_budget")
             return False
         self.stats.num_compactions += 1
         self.current = SegmentBuilder(prompt_ids)
         return True
+
+    def _truncate(self, reason: str) -> None:
+        """End the rollout as truncated, with its reason (see ``TRUNCATION_REASONS``)."""
+        self.stats.truncated = True
+        self.stats.truncation_reason = reason
 
     def _generated_so_far(self) -> int:
         done = sum(s.num_generated_tokens for s in self.segments)
