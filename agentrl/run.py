@@ -24,7 +24,7 @@ import torch.distributed as dist
 from agentrl import distributed
 from agentrl.accounting import BatchPlan, plan_batches
 from agentrl.checkpoint import TrainerState, latest_checkpoint, load_training_state
-from agentrl.config import Config
+from agentrl.config import Config, ConfigError
 from agentrl.metric_writers import MultiWriter, build_writers
 from agentrl.packing import CostModel
 from agentrl.sampler import EnvironmentSampler
@@ -159,6 +159,9 @@ def build_run(
     engine = runner = None
     writers: Any = MultiWriter([])
     if is_main:
+        from agentrl.context_budget import check_context_budget
+
+        check_context_budget(config, tokenizer)  # a first prompt over the budget: refuse now
         engine = build_engine(config, model, tokenizer, model_dir)
         runner = build_runner(config, engine, tokenizer, sampler)
         write_run_config(config, run_dir)
@@ -190,17 +193,23 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def find_model_dir(model_path: str) -> Path:
+    """``model.path`` as a folder holding config.json, relative to the working directory or
+    the project."""
+    given = Path(model_path)
+    for candidate in (given, PROJECT_ROOT / given):
+        if (candidate / "config.json").exists():
+            return candidate
+    raise ConfigError(f"model.path = {model_path!r} has no config.json (looked in "
+                      f"{given.resolve()} and {PROJECT_ROOT / given}); give a local Hugging "
+                      "Face folder, or leave model.path empty for the tiny built-in model")
+
+
 def resolve_model_dir(config: Config, run_dir: Path) -> Path:
-    """The model folder: ``model.path`` (relative to the working directory or the project),
-    or a tiny built-in checkpoint built once into ``RUN_DIR/base_model``."""
+    """The model folder: ``model.path`` (see :func:`find_model_dir`), or a tiny built-in
+    checkpoint built once into ``RUN_DIR/base_model``."""
     if config.model.path:
-        given = Path(config.model.path)
-        for candidate in (given, PROJECT_ROOT / given):
-            if (candidate / "config.json").exists():
-                return candidate
-        raise ValueError(f"model.path = {config.model.path!r} has no config.json (looked in "
-                         f"{given.resolve()} and {PROJECT_ROOT / given}); give a local Hugging "
-                         "Face folder, or leave model.path empty for the tiny built-in model")
+        return find_model_dir(config.model.path)
     from agentrl.model import build_tiny_checkpoint
 
     tiny = run_dir / "base_model"

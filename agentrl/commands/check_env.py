@@ -1,9 +1,13 @@
 """``agentrl check-env ID_OR_MODULE:CLASS``: Gymnasium's checker plus scripted rollouts.
 
-Prints the tools offered (schemas), then for each episode the transcript and the reward.
-Actions come from ``--actions FILE`` (a JSON list of strings, or plain text with actions
-separated by lines holding only ``---``), else the environment's ``scripted_action``
-policy when it has one, else random text from the action space.
+Prints the tools offered (schemas), the context budget (the first prompt's tokens: system
+prompt, tool schemas, first observation, measured with the chat template and tokenizer of
+``--config``'s model, else the tiny built-in one, against ``compaction.max_context_tokens``),
+then for each episode the transcript and the reward. Actions come from ``--actions FILE``
+(a JSON list of strings, or plain text with actions separated by lines holding only
+``---``), else the environment's ``demonstrate`` policy when it has one, else random text
+from the action space. Exit status 1 when the checker fails or the first prompt does not
+fit the budget.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--actions", help="file of actions: JSON list, or text split by ---")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first episode")
     parser.add_argument("--kwargs", default="{}", help="constructor kwargs as JSON")
+    parser.add_argument("--config", default=None,
+                        help="a TOML config whose model tokenizer, compaction and rollout "
+                             "settings the context budget is measured against (default: the "
+                             "tiny built-in tokenizer and default settings)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
     print("tools offered:")
     schemas = env.tool_schemas()
     print(json.dumps(schemas, indent=2) if schemas else "  (none)")
+    if not _print_context_budget(args, kwargs):
+        return 1
     actions = _load_actions(args.actions) if args.actions else None
+    print(_policy_line(env, actions))
     for episode in range(args.episodes):
         reward = _episode(env, args.seed + episode, actions)
         print(f"episode {episode} (seed {args.seed + episode}): reward {reward:g}")
@@ -78,11 +89,55 @@ def _episode(env, seed: int, actions: list[str] | None) -> float:
             return total
 
 
+def _print_context_budget(args: argparse.Namespace, kwargs: dict) -> bool:
+    """Print the first prompt's tokens against the budget; False when it does not fit."""
+    import msgspec
+
+    from agentrl.config import EnvironmentConfig, config_from_dict, load_config
+    from agentrl.context_budget import (
+        budget_problem,
+        describe_budgets,
+        measure_environments,
+        plan_tokenizer,
+    )
+
+    if args.config:
+        config = load_config(args.config)
+    else:
+        config = config_from_dict({"environments": [{"id": args.env, "kwargs": kwargs}]})
+    env_config = EnvironmentConfig(id=args.env, kwargs=kwargs)
+    config = msgspec.structs.replace(config, environments=[env_config])
+    tokenizer, tokenizer_name = plan_tokenizer(config)
+    budget = measure_environments(config, tokenizer)[0]
+    print(describe_budgets([budget], config, tokenizer_name))
+    problem = budget_problem(budget, config)
+    if problem is not None:
+        print(f"error: {problem}")
+    return problem is None
+
+
+def _policy_line(env, actions: list[str] | None) -> str:
+    from agentrl.env import has_demonstration
+
+    if actions is not None:
+        return "scripted episodes: the actions of --actions"
+    if has_demonstration(env):
+        return "scripted episodes: the environment's demonstrate() policy"
+    return ("scripted episodes: random text (the environment has no demonstrate() policy; "
+            "`agentrl sft` needs one, or a JSONL of demonstrations: "
+            "docs/writing-environments.md)")
+
+
 def _next_action(env, transcript: list, actions: list[str] | None, step: int) -> str:
+    from agentrl.env import has_demonstration
+
     if actions is not None:
         return actions[step] if step < len(actions) else actions[-1]
-    if hasattr(env, "scripted_action"):
-        return env.scripted_action(transcript)
+    if has_demonstration(env):
+        action = env.demonstrate(list(transcript))
+        if action is not None:
+            return action
+        print("  (demonstrate() returned None: a random action instead)")
     return env.action_space.sample()
 
 
