@@ -66,6 +66,12 @@ def measure_first_prompt(env: Any, tokenizer: Any, name: str,
     return longest
 
 
+TINY_TOKENIZER_NOTE = (
+    "measured with the tiny built-in tokenizer, which `agentrl train` uses when model.path "
+    "is empty; a model from `agentrl sft --out DIR` has a tokenizer fitted to your "
+    "environments' text (prompts about half as long): measure with --set model.path=DIR")
+
+
 def budget_problem(budget: PromptBudget, config: Config) -> str | None:
     """Why this first prompt cannot run under the config (one line), or None when it fits."""
     compaction, rollout = config.compaction, config.rollout
@@ -79,6 +85,7 @@ def budget_problem(budget: PromptBudget, config: Config) -> str | None:
         f"compaction.max_context_tokens to at least {budget.total + rollout.max_new_tokens} "
         f"(the prompt plus one turn of rollout.max_new_tokens = {rollout.max_new_tokens}) "
         "and room for tool results, or shorten the system prompt, tool docstrings or task"
+        + ("" if config.model.path else f" ({TINY_TOKENIZER_NOTE})")
     )
 
 
@@ -107,6 +114,8 @@ def describe_budgets(budgets: list[PromptBudget], config: Config, tokenizer_name
     lines.append(f"  generation: rollout.max_new_tokens {rollout.max_new_tokens} per turn, "
                  f"rollout.max_turns {rollout.max_turns}, rollout.max_rollout_tokens "
                  f"{rollout.max_rollout_tokens} per rollout")
+    if not config.model.path:
+        lines.append(f"  note: {TINY_TOKENIZER_NOTE}")
     return "\n".join(lines)
 
 

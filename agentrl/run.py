@@ -136,6 +136,10 @@ def build_run(
     seed_everything(config.train.seed)
     initial_dir = resolve_model_dir(config, run_dir)
     model_dir = checkpoint or initial_dir
+    if is_main:  # a first prompt over the context budget: refuse before loading anything
+        from agentrl.context_budget import check_context_budget
+
+        check_context_budget(config, load_tokenizer(model_dir))
     dtype = getattr(torch, config.model.dtype)
     device = training_device()
     model = load_pretrained(model_dir, dtype=dtype, attention=config.model.attention,
@@ -159,9 +163,6 @@ def build_run(
     engine = runner = None
     writers: Any = MultiWriter([])
     if is_main:
-        from agentrl.context_budget import check_context_budget
-
-        check_context_budget(config, tokenizer)  # a first prompt over the budget: refuse now
         engine = build_engine(config, model, tokenizer, model_dir)
         runner = build_runner(config, engine, tokenizer, sampler)
         write_run_config(config, run_dir)
