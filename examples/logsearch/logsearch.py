@@ -18,6 +18,8 @@ class LogSearchEnv(AgentEnv):
 
     def __init__(self, num_lines: int = 30, **kwargs):
         super().__init__(**kwargs)
+        if num_lines < 8:
+            raise ValueError(f"logsearch: num_lines is {num_lines}; it must be >= 8")
         self.num_lines = num_lines
 
     @tool
