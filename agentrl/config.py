@@ -207,7 +207,22 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     for override in overrides:
         apply_override(raw, override)
+    resolve_env_files(raw, path.parent)
     return config_from_dict(raw, source=str(path))
+
+
+def resolve_env_files(raw: dict[str, Any], config_dir: Path) -> None:
+    """An environment id "file.py:Class" names a file relative to where agentrl runs, or
+    else relative to the config file's folder: such ids get that folder's path, so a
+    config beside its environment file runs from anywhere."""
+    for env in raw.get("environments") or []:
+        env_id = env.get("id") if isinstance(env, dict) else None
+        if not isinstance(env_id, str) or ".py:" not in env_id:
+            continue
+        file, _, cls = env_id.rpartition(":")
+        beside = config_dir / file
+        if not Path(file).is_absolute() and not Path(file).exists() and beside.exists():
+            env["id"] = f"{beside}:{cls}"
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:

@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         tokenizer, tokenizer_name = plan_tokenizer(config)
     except ConfigError as exc:  # the model lives on another machine: plan the rest
-        print(f"context budget: not measured here ({exc})")
+        print(f"context budget: not measured here ({exc}; if model.path is a warm start, "
+              f"`agentrl sft {args.config} --out {config.model.path}` writes it)")
     else:
         budgets = measure_environments(config, tokenizer)
         print(describe_budgets(budgets, config, tokenizer_name))

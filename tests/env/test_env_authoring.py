@@ -122,3 +122,18 @@ def test_an_installed_package_registers_ids_by_entry_point_alone(tmp_path):
     lines = result.stdout.split("\n")
     assert lines[0] == "ReverseWordEnv"
     assert lines[1] == "2 ['gymnasium.envs plugin broken = no_such_m']"
+
+
+def test_a_file_id_resolves_beside_its_config(tmp_path, monkeypatch):
+    from agentrl.config import load_config
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "reverse.py").write_text((ROOT / "examples/custom_env/reverse_word.py").read_text())
+    (folder / "mix.toml").write_text('[[environments]]\nid = "reverse.py:ReverseWordEnv"\n')
+    monkeypatch.chdir(tmp_path)  # not the config's folder
+    env_id = load_config(folder / "mix.toml").environments[0].id
+    assert env_id == f"{folder / 'reverse.py'}:ReverseWordEnv"
+    assert make(env_id).reset(seed=0)[0][-1].content.startswith("Word: ")
+    monkeypatch.chdir(folder)  # from its folder the id stays as written
+    assert load_config("mix.toml").environments[0].id == "reverse.py:ReverseWordEnv"
