@@ -3,8 +3,9 @@
 An environment in a config (``[[environments]] id = ...``) is one of:
 
 - a registered id, e.g. ``"agentrl/Countdown-v0"``;
-- ``"path/to/file.py:ClassName"`` (a file, relative to where ``agentrl`` runs) or
-  ``"package.module:ClassName"``: no registration needed;
+- ``"path/to/file.py:ClassName"`` (a file, relative to where ``agentrl`` runs or, in a
+  config, to the config's folder) or ``"package.module:ClassName"``: no registration
+  needed;
 - an id an installed package declares in its ``pyproject.toml`` under the
   ``gymnasium.envs`` entry-point group, the plugin convention of Gymnasium 0.26-0.29,
   loaded here because Gymnasium 1.x no longer reads it. Two forms are accepted::

@@ -83,3 +83,30 @@ def test_the_walkthrough_reaches_a_training_step_with_compaction(tmp_path, monke
     assert steps and steps[0]["env/logsearch/num_rollouts"] == 24
     assert any(m["env/logsearch/num_compactions/mean"] > 0 for m in steps)
     assert (tmp_path / "runs" / "logsearch" / "curve.png").exists()
+
+
+def test_the_pages_jsonl_example_is_a_correct_demonstration(tmp_path, monkeypatch):
+    import asyncio
+
+    from agentrl.config import load_config
+    from agentrl.demonstrations import (
+        demonstration_policies,
+        load_trajectories,
+        play_demonstrations,
+    )
+    from agentrl.model.tiny import tiny_tokenizer
+
+    text = DOC.read_text()
+    example = re.search(r"```json\n(.*?)```", text, re.S).group(1)
+    (tmp_path / "demos.jsonl").write_text(example)
+    monkeypatch.chdir(EXAMPLE)
+    config = load_config("logsearch_mix.toml", ["model.path=''", "environments.1.weight=1e-6",
+                                                "rollout.max_new_tokens=200",
+                                                "compaction.strategy='none'"])
+    trajectories = load_trajectories([tmp_path / "demos.jsonl"])
+    policies = demonstration_policies(config, trajectories)
+    lines: list[str] = []
+    rollouts = asyncio.run(play_demonstrations(config, tiny_tokenizer(0), 2, seed=0,
+                                               policies=policies, log=lines.append))
+    assert "logsearch: 2 played, 2 correct" in lines[0]
+    assert {r.stats.num_turns for r in rollouts if r.env == "logsearch"} == {3}

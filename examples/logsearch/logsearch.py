@@ -1,4 +1,4 @@
-"""LogSearch: find the request that failed, in a service log, with grep and read tools."""
+"""LogSearch: find which service a failed request was for, in a log, with grep and read."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import numpy as np
 from agentrl import AgentEnv, Grade, Message, Task, format_call, tool
 
 SERVICES = ("auth", "cart", "search", "payment", "mail")
-SYSTEM = ("Find the id of the request that failed in the service log. Use the grep and "
-          "read tools, then answer <answer>request id</answer>.")
+SYSTEM = ("A request in the log failed: find the service it was for. Use the grep and "
+          "read tools, then answer <answer>service</answer>.")
 
 
 class LogSearchEnv(AgentEnv):
-    """One request in the log failed; reward 1.0 for naming its request id."""
+    """One request in the log failed; reward 1.0 for naming its service."""
 
     max_turns = 4
 
@@ -55,22 +55,22 @@ class LogSearchEnv(AgentEnv):
         crash = int(rng.integers(self.num_lines // 2 + 3, self.num_lines))
         service = rng.choice(SERVICES)
         log[start] = f"INFO request {ids[start]} {service} started"
-        log[crash] = f"ERROR {service} crashed; the request began on line {start}"
-        question = Message("user", f"The log has {self.num_lines} lines. Which request failed?")
+        log[crash] = f"ERROR crashed: the request began on line {start}"
+        question = Message("user", f"The log has {self.num_lines} lines. Which service?")
         return Task([Message("system", SYSTEM), question],
-                    answer={"log": log, "id": ids[start]}, key=" ".join(log))
+                    answer={"log": log, "service": service}, key=" ".join(log))
 
     def grade(self, answer: str) -> Grade:
-        """1.0 for the failed request's id inside <answer></answer>."""
+        """1.0 for the failed request's service inside <answer></answer>."""
         given = answer.split("<answer>")[-1].split("</answer>")[0].strip()
-        return Grade(float(given == self.task.answer["id"]))
+        return Grade(float(given == self.task.answer["service"]))
 
     def demonstrate(self, messages: list[Message]) -> str:
-        """Scripted solution: grep the error, read the line it names, answer that id."""
+        """Scripted solution: grep the error, read the line it names, answer its service."""
         last = messages[-1]
         if last.role != "tool":
             return format_call("grep", pattern="ERROR")
         if last.name == "grep":
             error = next(line for line in last.content.splitlines() if "ERROR" in line)
             return format_call("read", line=int(error.split()[-1]))
-        return f"<answer>{last.content.split()[3]}</answer>"
+        return f"<answer>{last.content.split()[4]}</answer>"
