@@ -2,7 +2,8 @@
 
 The data flow of one training step is drawn in docs/architecture.md:
 sampler → rollouts (with compaction) → reassembler → advantages → packing → trainer.
-The public names below are imported lazily, so that ``agentrl --help`` stays fast.
+The public names below are imported lazily, so that ``agentrl --help`` stays fast; the
+environment registry (Gymnasium and the built-in ids, no torch) is imported eagerly.
 """
 
 from __future__ import annotations
@@ -18,10 +19,16 @@ _EXPORTS = {
     "Task": "agentrl.env",
     "Grade": "agentrl.env",
     "tool": "agentrl.tools",
+    "format_call": "agentrl.tools",
+    "Message": "agentrl.types",
     "load_config": "agentrl.config",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
+
+# Register the built-in environments (and installed packages' gymnasium.envs plugins) with
+# Gymnasium, so `gymnasium.make("agentrl/Countdown-v0")` works after `import agentrl`.
+importlib.import_module("agentrl.registry")
 
 
 def __getattr__(name: str) -> Any:

@@ -195,7 +195,9 @@ class CompactionConfig(_Section):
     """Context tokens (prompt + history) a turn may start from before compaction; >= 1,
     and max_context_tokens + rollout.max_new_tokens must fit the model's positions."""
     keep_last_turns: NonNegativeInt = 2
-    """drop_oldest / summarize: turns kept after the system and task messages; >= 0."""
+    """drop_oldest / summarize: turns kept after the system and task messages (and the
+    summary, for summarize); >= 0. The newest turn, with its tool result, is always kept,
+    even with 0."""
     max_compactions: NonNegativeInt = 4
     """Compactions per rollout; >= 0; past it the rollout ends as truncated."""
     summary_max_tokens: PositiveInt = 128
@@ -320,7 +322,22 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     for override in overrides:
         apply_override(raw, override)
+    resolve_env_files(raw, path.parent)
     return config_from_dict(raw, source=str(path))
+
+
+def resolve_env_files(raw: dict[str, Any], config_dir: Path) -> None:
+    """An environment id "file.py:Class" names a file relative to where agentrl runs, or
+    else relative to the config file's folder: such ids get that folder's path, so a
+    config beside its environment file runs from anywhere."""
+    for env in raw.get("environments") or []:
+        env_id = env.get("id") if isinstance(env, dict) else None
+        if not isinstance(env_id, str) or ".py:" not in env_id:
+            continue
+        file, _, cls = env_id.rpartition(":")
+        beside = config_dir / file
+        if not Path(file).is_absolute() and not Path(file).exists() and beside.exists():
+            env["id"] = f"{beside}:{cls}"
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:

@@ -14,7 +14,10 @@ The contract the rollout runner relies on
   episode terminates. ``truncated`` is True when ``max_turns`` steps passed without an
   answer.
 - **The rollout's reward is the sum of its step rewards** (built-ins give 0.0 on every
-  step but the last).
+  step but the last), times the config's ``reward_scale``. To reward intermediate steps,
+  override ``step`` and add to the reward it returns (docs/writing-environments.md).
+- Turn limits: the rollout ends at whichever comes first, this environment's
+  ``max_turns`` (``step`` returns ``truncated=True``) or the config's ``rollout.max_turns``.
 - ``info["tool_errors"]``: dict kind -> count of failed tool calls in this step (kinds in
   :data:`agentrl.tools.ERROR_KINDS`); empty when none failed. Summed over the rollout
   by the runner into ``RolloutStats.tool_errors``.
@@ -42,8 +45,10 @@ The contract the rollout runner relies on
   chat template's ``tools`` argument.
 
 Writing an environment: subclass, implement ``sample_task(rng) -> Task`` and
-``grade(answer) -> Grade | float``, optionally add ``@tool`` methods. See
-``examples/custom_env/`` for one in under 60 lines.
+``grade(answer) -> Grade | float``, optionally add ``@tool`` methods and a scripted policy
+``demonstrate(messages) -> str | None`` (for ``agentrl sft`` and ``agentrl check-env``).
+A subclass ``__init__`` must call ``super().__init__(**kwargs)``. See
+``docs/writing-environments.md`` and ``examples/custom_env/`` (one in under 60 lines).
 """
 
 from __future__ import annotations
@@ -203,6 +208,20 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         """Score a final answer against ``self.task``; subclasses implement it."""
         raise NotImplementedError(f"{type(self).__name__} must implement grade(answer)")
 
+    def demonstrate(self, messages: list[Message]) -> str | None:
+        """Optional scripted policy: the next assistant message of a correct episode.
+
+        ``messages`` is the conversation so far as this environment saw it (the reset
+        messages, then every assistant message and the tool messages after it; never
+        compacted), and ``self.task`` is the current task. Return the text the model should
+        write next: tool calls (:func:`agentrl.tools.format_call` writes them) or the final
+        answer. ``agentrl sft`` plays it through the rollout runner to warm-start a model;
+        ``agentrl check-env`` plays it as its scripted episodes. Act on what the model can
+        see after compaction (the task and the newest turn), so the policy is learnable.
+        The default returns None: no scripted policy.
+        """
+        return None
+
     def draw_task(self, rng: np.random.Generator, split: str) -> Task:
         """A task of the given split: resample until the task's key hashes into it."""
         for _ in range(10_000):
@@ -271,6 +290,14 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
 
     # ------------------------------------------------------------------ internals
 
+    def __getattr__(self, name: str) -> Any:
+        # Reached only when normal lookup failed: an attribute AgentEnv.__init__ sets is
+        # missing, so a subclass __init__ skipped it. Say so instead of letting Gymnasium
+        # report "must specify an action space" (a TypeError, so hasattr does not hide it).
+        if name in _SET_BY_INIT:
+            raise TypeError(missing_init_message(type(self)))
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def _run_calls(self, calls: list, info: dict[str, Any]) -> list[Message]:
         errors: Counter[str] = Counter()
         observation = []
@@ -288,6 +315,25 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
             observation.append(outcome.message)
         info["tool_errors"] = dict(errors)
         return observation
+
+
+_SET_BY_INIT = frozenset({"observation_space", "action_space", "tools", "parser", "task",
+                          "history", "_turn", "_done"})
+
+
+def missing_init_message(cls: type) -> str:
+    """The error for a subclass whose ``__init__`` never ran ``AgentEnv.__init__``."""
+    name = cls.__name__
+    return (f"{name}.__init__ did not call super().__init__(**kwargs), so the environment "
+            f"has no action space, tools or tool-call parser; add `super().__init__(**kwargs)` "
+            f"as the first line of {name}.__init__ (and accept **kwargs there, so max_turns "
+            "and parser reach AgentEnv)")
+
+
+def has_demonstration(env: Any) -> bool:
+    """Whether the environment's class overrides :meth:`AgentEnv.demonstrate`."""
+    method = getattr(type(env), "demonstrate", None)
+    return method is not None and method is not AgentEnv.demonstrate
 
 
 def _make_parser(parser: str | ToolCallParser) -> ToolCallParser:

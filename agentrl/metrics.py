@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from agentrl.types import Group, Rollout
+from agentrl.types import TRUNCATION_REASONS, Group, Rollout
 
 
 class Counts(msgspec.Struct):
@@ -124,6 +124,7 @@ def rollout_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
         f"{prefix}num_compactions/mean": sum(r.stats.num_compactions for r in rollouts) / n,
         f"{prefix}invalid_rate": sum(not r.trainable for r in rollouts) / n,
         f"{prefix}tool_errors": float(sum(sum(r.stats.tool_errors.values()) for r in rollouts)),
+        **truncation_figures(rollouts, prefix),
     }
     figures.update(breakdown_figures(rollouts, prefix))
     return figures
@@ -140,6 +141,17 @@ def breakdown_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str
             kinds[kind] += count
     out.update({f"{prefix}tool_errors/{kind}": float(c) for kind, c in sorted(kinds.items())})
     return out
+
+
+def truncation_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, float]:
+    """Truncated rollouts counted by reason: ``truncated/<reason>`` for every reason of
+    ``TRUNCATION_REASONS`` (0 included, so curves have no gaps), plus any other reason."""
+    counts = dict.fromkeys(TRUNCATION_REASONS, 0)
+    for rollout in rollouts:
+        if rollout.stats.truncated:
+            reason = rollout.stats.truncation_reason or "unknown"
+            counts[reason] = counts.get(reason, 0) + 1
+    return {f"{prefix}truncated/{reason}": float(n) for reason, n in counts.items()}
 
 
 def collection_figures(dropped: dict[str, dict[str, int]], num_rounds: int,

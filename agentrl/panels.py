@@ -52,8 +52,18 @@ FAMILY_PANELS = (
 
 
 def all_keys(runs: Iterable[Records]) -> set[str]:
-    """Every key with a logged (non-null) value in any record of any run."""
-    return {k for records in runs for r in records for k, v in r.items() if v is not None}
+    """Every key with a logged (non-null) value in any record of any run; a reason or kind
+    count (``truncated/``, ``tool_errors/``, ``invalid/`` families) only when it was ever
+    non-zero, so a reason that never happened draws no flat line."""
+    families = tuple(family for _, family in FAMILY_PANELS)
+    keys = set()
+    for records in runs:
+        for r in records:
+            for k, v in r.items():
+                counted = k.startswith(families) or k.split("/", 2)[-1].startswith(families)
+                if v is not None and (v != 0 or not counted):
+                    keys.add(k)
+    return keys
 
 
 def env_names(keys: Iterable[str]) -> list[str]:

@@ -87,24 +87,28 @@ class Preflight:
         return ModelFacts(folder, args.model_type, args.max_position_embeddings)
 
     @cached_property
-    def tokenizer(self) -> Any | None:
-        """The model folder's tokenizer; None for the tiny built-in model (not built yet)."""
+    def tokenizer(self) -> Any:
+        """The model folder's tokenizer, or the one the tiny built-in model will have (the
+        same seed builds the same tokenizer)."""
         if self.model.folder is None:
-            return None
+            from agentrl.model.tiny import tiny_tokenizer
+
+            return tiny_tokenizer(self.config.train.seed)
         from agentrl.model import load_tokenizer
 
         return load_tokenizer(self.model.folder)
 
-    def first_prompt_tokens(self, index: int) -> int | None:
-        """Tokens of environment ``index``'s first prompt (task seed 0: system, task and
-        tool schemas through the chat template); None without a tokenizer."""
-        if self.tokenizer is None:
-            return None
-        from agentrl.rollout.context import ChatContext
+    def prompt_budget(self, index: int) -> Any:
+        """Environment ``index``'s first prompt by part (``agentrl.context_budget``)."""
+        from agentrl.context_budget import measure_first_prompt
 
-        env = self.environment(index)
-        messages, _ = env.reset(seed=0)
-        return len(ChatContext(self.tokenizer, env.tool_schemas(), messages).prompt_ids())
+        env = self.config.environments[index]
+        return measure_first_prompt(self.environment(index), self.tokenizer, env.display_name())
+
+    def first_prompt_tokens(self, index: int) -> int:
+        """Tokens of environment ``index``'s longest first prompt (system, task and tool
+        schemas through the chat template)."""
+        return self.prompt_budget(index).total
 
     @cached_property
     def longest_row(self) -> RowBound:
@@ -116,14 +120,9 @@ class Preflight:
                 total, "compaction.max_context_tokens + rollout.max_new_tokens = "
                 f"{compaction.max_context_tokens} + {rollout.max_new_tokens} = {total}",
                 "compaction.max_context_tokens (or rollout.max_new_tokens)")
-        prompts = [(self.first_prompt_tokens(i), env.display_name())
-                   for i, env in enumerate(self.config.environments)]
-        known = [(n, name) for n, name in prompts if n is not None]
-        if known:
-            prompt, name = max(known)
-            what = f"{prompt} for {name}'s first task"
-        else:  # the tiny built-in model's tokenizer does not exist before training
-            prompt, what = 1, "at least 1"
+        prompt, name = max((self.first_prompt_tokens(i), env.display_name())
+                           for i, env in enumerate(self.config.environments))
+        what = f"{prompt} for {name}'s first task"
         total = prompt + rollout.max_rollout_tokens
         return RowBound(
             total, f'with compaction.strategy = "none" a rollout is one row: prompt ({what}) '
@@ -191,8 +190,24 @@ def check_micro_batch_budget(pf: Preflight) -> str:
     return f"micro-batch: budget {budget} tokens holds the longest row ({row.tokens})"
 
 
+def check_context_budget(pf: Preflight) -> str:
+    """Each environment's first prompt fits ``compaction.max_context_tokens`` (printed by
+    part: system, tool schemas, first observation)."""
+    from agentrl.context_budget import describe_budgets, refuse_over_budget
+
+    budgets = [pf.prompt_budget(i) for i in range(len(pf.config.environments))]
+    name = str(pf.model.folder) if pf.model.folder else "the tiny built-in model's"
+    table = describe_budgets(budgets, pf.config, name)
+    try:
+        refuse_over_budget(budgets, pf.config)
+    except ConfigError:
+        print(table)  # the numbers of every environment, next to the one-line refusal
+        raise
+    return table
+
+
 CHECKS: list[Check] = [check_environments, check_model, check_positions,
-                       check_micro_batch_budget]
+                       check_micro_batch_budget, check_context_budget]
 """The plan-time checks, in order."""
 
 

@@ -1,9 +1,31 @@
-"""Registration of the built-in environments and ``make`` for ids or import paths.
+"""Environment ids: the built-ins, plugins of installed packages, and import paths.
 
-Importing this module registers every built-in with ``gymnasium.register``, so
-``gymnasium.make("agentrl/Countdown-v0")`` works too. :func:`make` returns the bare
-:class:`agentrl.env.AgentEnv` (no Gymnasium wrappers), because the runner calls its own
-methods (``astep``, ``tool_schemas``) that wrappers do not forward.
+An environment in a config (``[[environments]] id = ...``) is one of:
+
+- a registered id, e.g. ``"agentrl/Countdown-v0"``;
+- ``"path/to/file.py:ClassName"`` (a file, relative to where ``agentrl`` runs or, in a
+  config, to the config's folder) or ``"package.module:ClassName"``: no registration
+  needed;
+- an id an installed package declares in its ``pyproject.toml`` under the
+  ``gymnasium.envs`` entry-point group, the plugin convention of Gymnasium 0.26-0.29,
+  loaded here because Gymnasium 1.x no longer reads it. Two forms are accepted::
+
+      [project.entry-points."gymnasium.envs"]
+      "myproject/LogSearch-v0" = "myproject.logsearch:LogSearchEnv"  # an id: the class
+      myproject = "myproject.envs:register_all"  # a function that calls gymnasium.register
+
+  The first form needs no Python code and imports nothing until the id is made; the
+  second is called under the namespace of its name, as Gymnasium 0.26-0.29 did.
+
+agentrl's own built-ins are registered through that same entry point (``agentrl =
+"agentrl.registry:register_builtins"``), and directly as a fallback for a source checkout
+that was never installed. ``import agentrl`` runs :func:`register_all`, after which
+``gymnasium.make("agentrl/Countdown-v0")`` works; with Gymnasium's module prefix,
+``gymnasium.make("agentrl:agentrl/Countdown-v0")`` works without importing agentrl first.
+
+:func:`make` returns the bare :class:`agentrl.env.AgentEnv` (no Gymnasium wrappers),
+because the runner calls its own methods (``astep``, ``tool_schemas``) that wrappers do
+not forward.
 """
 
 from __future__ import annotations
@@ -11,14 +33,18 @@ from __future__ import annotations
 import difflib
 import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
+import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import gymnasium
+from gymnasium.envs.registration import namespace
 
-from agentrl.env import AgentEnv
+from agentrl.env import AgentEnv, missing_init_message
 
 BUILTINS = {
     "agentrl/Countdown-v0": "environments.countdown:CountdownEnv",
@@ -38,6 +64,42 @@ def register_builtins() -> None:
                                order_enforce=False)
 
 
+PLUGIN_GROUP = "gymnasium.envs"
+"""The entry-point group installed packages declare environments under."""
+_ENV_ID = re.compile(r"[\w:.-]+/[\w:.-]+-v\d+")
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Register the environments installed packages declare under ``gymnasium.envs``
+    (once per process); a plugin that fails warns, naming it, and the rest still load."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for entry in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+        try:
+            if _ENV_ID.fullmatch(entry.name):  # "ns/Name-v0" = "module:Class"
+                if entry.name not in gymnasium.registry:
+                    gymnasium.register(entry.name, entry_point=entry.value,
+                                       disable_env_checker=True, order_enforce=False)
+                continue
+            target = entry.load()
+            if callable(target):  # a registering function, under its namespace
+                with namespace(entry.name):
+                    target()
+        except Exception as exc:  # a broken plugin must not break agentrl
+            warnings.warn(f"{PLUGIN_GROUP} plugin {entry.name} = {entry.value} failed to "
+                          f"register: {type(exc).__name__}: {exc}", stacklevel=2)
+
+
+def register_all() -> None:
+    """Plugins of installed packages (agentrl's built-ins among them), then the built-ins
+    directly in case agentrl runs from a checkout that was never installed."""
+    load_plugins()
+    register_builtins()
+
+
 def registered_ids() -> list[str]:
     """Every agentrl environment id known to Gymnasium."""
     return sorted(i for i in gymnasium.registry if i.startswith("agentrl/"))
@@ -45,7 +107,7 @@ def registered_ids() -> list[str]:
 
 def resolve(id_or_path: str) -> type[AgentEnv] | str:
     """The registered id itself, or the class named by "package.module:Class" / "file.py:Class"."""
-    register_builtins()
+    register_all()
     if id_or_path in gymnasium.registry:
         return id_or_path
     if ":" not in id_or_path:
@@ -69,11 +131,14 @@ def make(id_or_path: str, **kwargs: Any) -> AgentEnv:
     target = resolve(id_or_path)
     try:
         if isinstance(target, str):
-            env = gymnasium.make(target, disable_env_checker=True, **kwargs)
-            return env.unwrapped  # type: ignore[return-value]
-        return target(**kwargs)
+            env = gymnasium.make(target, disable_env_checker=True, **kwargs).unwrapped
+        else:
+            env = target(**kwargs)
     except TypeError as exc:  # almost always a misspelled constructor keyword
         raise ValueError(f"cannot build {id_or_path!r} with kwargs {kwargs}: {exc}") from None
+    if isinstance(env, AgentEnv) and "action_space" not in vars(env):
+        raise ValueError(missing_init_message(type(env)))
+    return env  # type: ignore[return-value]
 
 
 def _import(module_name: str, id_or_path: str) -> Any:
@@ -96,4 +161,4 @@ def _import(module_name: str, id_or_path: str) -> Any:
         raise ValueError(f"{id_or_path!r}: cannot import {module_name} ({exc})") from None
 
 
-register_builtins()
+register_all()

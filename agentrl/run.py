@@ -297,8 +297,8 @@ def seed_everything(seed: int) -> None:
 
 
 def resolve_model_dir(config: Config, run_dir: Path) -> Path:
-    """The model folder: ``model.path`` (relative to the working directory or the project),
-    or a tiny built-in checkpoint built once into ``RUN_DIR/base_model``."""
+    """The model folder: ``model.path`` (see ``preflight.locate_model_dir``), or a tiny built-in
+    checkpoint built once into ``RUN_DIR/base_model``."""
     if config.model.path:
         from agentrl.preflight import locate_model_dir
 

@@ -1,134 +1,35 @@
 """Warm start: supervised training on demonstrations played through the real rollout code.
 
 A tiny model from random weights never produces a well-formed tool call, so RL has no
-signal. The fix is a short supervised phase on correct demonstrations. The
-demonstrations are *played*, not rendered: a scripted engine (:class:`DemoEngine`) stands
-in for the model inside the ordinary rollout runner, so every demonstration row has
-exactly the token layout RL will see (chat template, tool-response deltas, compaction),
-and its ``loss_mask`` marks what the policy must learn to generate.
-
-The scripted policies read the prompt text the engine receives: :func:`demonstration`
-knows the built-in Calculator and Countdown tasks.
+signal. The fix is a short supervised phase on correct demonstrations of every
+environment of the config (:mod:`agentrl.demonstrations`: each environment's scripted
+``demonstrate`` policy or a JSONL of trajectories), played through the ordinary rollout
+runner so every row has exactly the token layout RL will see; the loss is the RL loss's
+token-level normalization applied to cross-entropy on the generated tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import math
 import random
-import re
 import tempfile
 from collections.abc import Callable
-from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import torch
 
 from agentrl.config import Config
+from agentrl.demonstrations import (
+    Policy,
+    Trajectory,
+    demonstration_policies,
+    play_demonstrations,
+)
 from agentrl.packing import collate, pack
 from agentrl.reassembler import to_rows
-from agentrl.rollout.engine import Generation, SamplingParams
-from agentrl.types import Rollout, Row
-
-# --------------------------------------------------------------------------- demonstrations
-
-_OPERATIONS = (
-    (re.compile(r"get (\d+) more"), "+"),
-    (re.compile(r"find (\d+) more"), "+"),
-    (re.compile(r"give away (\d+)"), "-"),
-    (re.compile(r"multiplied by (\d+)"), "*"),
-    (re.compile(r"group of (\d+)"), "/"),
-)
-
-
-def calculator_expression(problem: str) -> str:
-    """The expression a Calculator word problem asks for, e.g. ``"(16 / 2) + 3"``."""
-    sentences = [s.strip() for s in problem.split(".") if s.strip()]
-    start = re.search(r"has (\d+)", sentences[0])
-    if start is None:
-        raise ValueError(f"not a Calculator problem: {problem!r}")
-    expression = start.group(1)
-    for sentence in sentences[1:]:
-        for pattern, op in _OPERATIONS:
-            found = pattern.search(sentence)
-            if found:
-                if " " in expression:  # earlier steps happen first: bracket them
-                    expression = f"({expression})"
-                expression = f"{expression} {op} {found.group(1)}"
-                break
-    return expression
-
-
-def countdown_solution(numbers: list[int], target: int) -> str | None:
-    """An expression using every number once that equals ``target`` (brute force, small)."""
-    ops = ("+", "-", "*", "/")
-    for order in itertools.permutations(numbers):
-        for chosen in itertools.product(ops, repeat=len(order) - 1):
-            value, text = Fraction(order[0]), str(order[0])
-            for number, op in zip(order[1:], chosen, strict=True):
-                if op == "/" and number == 0:
-                    break
-                value = {"+": value + number, "-": value - number, "*": value * number,
-                         "/": value / number if number else value}[op]
-                text = f"({text}) {op} {number}" if op in "*/" and " " in text else \
-                    f"{text} {op} {number}"
-            else:
-                if value == target:
-                    return text
-    return None
-
-
-def demonstration(prompt_text: str) -> str:
-    """The next assistant message of a correct episode, read from the rendered prompt.
-
-    Calculator: first a ``calculate`` tool call, then the number the tool returned.
-    Countdown: ``<answer>expression</answer>``.
-    """
-    responses = re.findall(r"<tool_response>\s*(.*?)\s*</tool_response>", prompt_text, re.S)
-    if "calculate" in prompt_text and responses:
-        return responses[-1].strip()
-    users = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", prompt_text, re.S)
-    if not users:
-        raise ValueError("demonstration(): the prompt holds no user message")
-    task = users[-1]
-    if "calculate" in prompt_text:
-        call = {"name": "calculate", "arguments": {"expression": calculator_expression(task)}}
-        return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
-    numbers = re.search(r"Numbers: ([\d, ]+)", task)
-    target = re.search(r"Target: (\d+)", task)
-    if numbers and target:
-        solution = countdown_solution([int(n) for n in numbers.group(1).split(",")],
-                                      int(target.group(1)))
-        return f"<answer>{solution}</answer>"
-    raise ValueError(f"demonstration(): no scripted policy for the task {task[:80]!r}")
-
-
-class DemoEngine:
-    """An ``InferenceEngine`` that answers with a scripted policy's text (log-probs 0)."""
-
-    def __init__(self, tokenizer: Any, policy: Callable[[str], str] = demonstration) -> None:
-        """``policy``: prompt text → the assistant's next message (without end token)."""
-        self.tokenizer = tokenizer
-        self.policy = policy
-
-    weight_version = 0
-    """A script has one version."""
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams,
-                       key: str | None = None) -> Generation:
-        """Decode the prompt, ask the policy, encode its reply plus the end-of-turn token."""
-        text = self.policy(self.tokenizer.decode(prompt_ids))
-        ids = self.tokenizer.encode(text)[: params.max_tokens - 1]
-        ids.append(self.tokenizer.eos_token_id)
-        return Generation(ids, [0.0] * len(ids), "stop")
-
-    def update_weights(self, named_tensors: Any, version: int | None = None) -> None:
-        """Nothing to update: the policy is a script."""
-
+from agentrl.types import Row
 
 # --------------------------------------------------------------------------- training
 
@@ -205,45 +106,33 @@ class WarmStartConfig(msgspec.Struct, kw_only=True):
     seed: int = 0
 
 
-async def play_demonstrations(config: Config, tokenizer: Any, num_rollouts: int,
-                              seed: int) -> list[Rollout]:
-    """Correct rollouts of the scripted policy, with the runner's exact token layout."""
-    from agentrl.rollout.runner import RolloutRunner
-    from agentrl.sampler import EnvironmentSampler
-
-    single = msgspec.structs.replace(
-        config,
-        batch=msgspec.structs.replace(config.batch, n_samples_per_prompt=1),
-        environments=[msgspec.structs.replace(e, group_size=1) for e in config.environments],
-    )
-    weights = {e.display_name(): e.weight for e in config.environments}
-    runner = RolloutRunner(single, DemoEngine(tokenizer), tokenizer,
-                           EnvironmentSampler(weights, seed))
-    result = await runner.collect(0, num_rollouts)
-    return [r for r in result.rollouts if r.valid and r.reward > 0]
-
-
-def tokenizer_corpus(config: Config, num_rollouts: int = 300) -> list[str]:
+def tokenizer_corpus(config: Config, num_rollouts: int = 300,
+                     policies: dict[str, Policy] | None = None) -> list[str]:
     """Text of demonstration episodes, so the tiny tokenizer has merges for the task text
     (prompts of a few hundred tokens instead of over a thousand)."""
     from agentrl.model import build_tiny_checkpoint, load_tokenizer
     from agentrl.model.tiny import default_corpus
 
-    # the bootstrap tokenizer makes long prompts: no compaction, so no episode is cut short
+    # the bootstrap tokenizer makes long prompts and messages: no compaction and no token
+    # limits, so no episode is cut short
     config = msgspec.structs.replace(
         config, compaction=msgspec.structs.replace(config.compaction, strategy="none"),
-        rollout=msgspec.structs.replace(config.rollout, max_rollout_tokens=4096))
+        rollout=msgspec.structs.replace(config.rollout, max_rollout_tokens=4096,
+                                        max_new_tokens=4096))
     with tempfile.TemporaryDirectory() as tmp:
         bootstrap = load_tokenizer(build_tiny_checkpoint(Path(tmp) / "bootstrap"))
-        rollouts = asyncio.run(play_demonstrations(config, bootstrap, num_rollouts, seed=12345))
+        rollouts = asyncio.run(play_demonstrations(config, bootstrap, num_rollouts, seed=12345,
+                                                   policies=policies))
         texts = [bootstrap.decode(s.token_ids) for r in rollouts for s in r.segments]
     return list(default_corpus(0)) + texts * 3
 
 
 def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str | None = None,
-               log: Callable[[str], None] = print) -> Path:
-    """Load ``base`` (or build a new tiny model), train it on demonstrations of the config's
-    environments, save an HF folder to ``out``."""
+               log: Callable[[str], None] = print,
+               trajectories: dict[str, list[Trajectory]] | None = None) -> Path:
+    """Load ``base`` (or build a new tiny model), train it on demonstrations of every
+    environment of the config (``trajectories``: from JSONL files, by environment name),
+    save an HF folder to ``out``. Refuses first when an environment has no demonstrations."""
     from agentrl.checkpoint import copy_tokenizer_files
     from agentrl.model import (
         build_tiny_checkpoint,
@@ -253,17 +142,19 @@ def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str |
     )
 
     sft_lr(0, ws.num_steps, ws.lr, ws.warmup_steps, ws.lr_schedule)  # fail before any work
+    policies = demonstration_policies(config, trajectories)
     torch.manual_seed(ws.seed)
     out = Path(out)
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(base) if base else build_tiny_checkpoint(
             Path(tmp) / "base", hidden_size=ws.hidden_size, num_layers=ws.num_layers,
             num_heads=max(1, ws.hidden_size // 32), num_kv_heads=max(1, ws.hidden_size // 64),
-            vocab_size=ws.vocab_size, corpus=tokenizer_corpus(config), seed=ws.seed)
+            vocab_size=ws.vocab_size, corpus=tokenizer_corpus(config, policies=policies),
+            seed=ws.seed)
         model = load_pretrained(source)
         tokenizer = load_tokenizer(source)
         rollouts = asyncio.run(play_demonstrations(config, tokenizer, ws.num_demonstrations,
-                                                   ws.seed))
+                                                   ws.seed, policies=policies, log=log))
         rows = to_rows(rollouts)
         log(f"{len(rollouts)} demonstrations, {len(rows)} rows, "
             f"{sum(r.num_generated_tokens for r in rows)} generated tokens")

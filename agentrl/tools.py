@@ -28,6 +28,7 @@ import json
 import re
 import threading
 import typing
+import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -107,6 +108,13 @@ def build_spec(func: Callable, name: str | None = None,
         if param.default is inspect.Parameter.empty:
             required.append(param.name)
     parameters = {"type": "object", "properties": properties, "required": required}
+    if not summary:
+        code = func.__code__
+        warnings.warn_explicit(
+            f"tool {name or func.__name__}: no docstring, so the model is offered an empty "
+            "description; add a docstring (a first line saying what the tool does, and an "
+            "Args: section describing each parameter)",
+            UserWarning, code.co_filename, code.co_firstlineno)
     return ToolSpec(name or func.__name__, summary, parameters, timeout_s)
 
 
@@ -224,6 +232,16 @@ def decode_call(body: str) -> ToolCall | ToolCallError:
     if not isinstance(arguments, dict):
         return ToolCallError("invalid_arguments", "arguments must be a JSON object", name)
     return ToolCall(name, arguments)
+
+
+def format_call(name: str, /, **arguments: Any) -> str:
+    """One tool call as the model writes it in the default Hermes format (for a scripted
+    ``demonstrate`` policy): ``format_call("grep", pattern="ERROR")`` gives
+    ``<tool_call>`` + newline + ``{"name": "grep", "arguments": {"pattern": "ERROR"}}``
+    + newline + ``</tool_call>``.
+    """
+    body = json.dumps({"name": name, "arguments": arguments})
+    return f"{HermesParser.open_tag}\n{body}\n{HermesParser.close_tag}"
 
 
 PARSERS: dict[str, Callable[[], ToolCallParser]] = {"hermes": HermesParser}

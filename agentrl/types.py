@@ -47,6 +47,19 @@ class Segment(msgspec.Struct):
         return sum(self.loss_mask)
 
 
+TRUNCATION_REASONS = ("context_budget", "max_turns", "max_rollout_tokens", "max_compactions",
+                      "env")
+"""Why a rollout ended before the environment finished it:
+
+- ``context_budget``: what compaction must keep (system + task + the newest turn with its
+  tool result) does not fit ``compaction.max_context_tokens``;
+- ``max_turns``: ``rollout.max_turns`` model turns were played;
+- ``max_rollout_tokens``: the rollout generated ``rollout.max_rollout_tokens`` tokens;
+- ``max_compactions``: a compaction past ``compaction.max_compactions`` was needed;
+- ``env``: the environment returned ``truncated=True`` (e.g. its own ``max_turns``).
+"""
+
+
 class RolloutStats(msgspec.Struct, omit_defaults=True):
     """What happened during one rollout, for metrics and debugging."""
 
@@ -62,6 +75,8 @@ class RolloutStats(msgspec.Struct, omit_defaults=True):
     ``agentrl.rollout.env_contract.INVALID_KINDS``)."""
     tool_errors: dict[str, int] = {}
     """Counts of tool-call failures by kind (malformed_json, unknown_tool, timeout, ...)."""
+    truncation_reason: str | None = None
+    """Why a truncated rollout ended (one of TRUNCATION_REASONS); None when not truncated."""
 
 
 class Rollout(msgspec.Struct):

@@ -13,13 +13,14 @@ division) and ``max_number``. The CPU quickstart uses the easy default.
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 
 import numpy as np
 
 from agentrl.env import AgentEnv, Grade, Task
 from agentrl.text import short_repr
-from agentrl.tools import tool
+from agentrl.tools import format_call, tool
 from agentrl.types import Message
 from environments._verify import (
     ExpressionError,
@@ -86,6 +87,15 @@ class CalculatorEnv(AgentEnv):
         return Task([Message("system", SYSTEM), Message("user", prompt)],
                     answer=value, key=prompt)
 
+    def demonstrate(self, messages: list[Message]) -> str:
+        """Scripted solution: ``calculate`` the story's expression, then answer with the
+        number the tool returned."""
+        if messages[-1].role == "tool":
+            return messages[-1].content.strip()
+        assert self.task is not None
+        story = [m.content for m in self.task.messages if m.role == "user"][-1]
+        return format_call("calculate", expression=calculator_expression(story))
+
     def grade(self, answer: str) -> Grade:
         """1.0 when the final number in the reply is the answer."""
         assert self.task is not None
@@ -94,6 +104,33 @@ class CalculatorEnv(AgentEnv):
         used = float(any(m.role == "tool" and m.name == "calculate"
                          and not m.content.startswith("Error") for m in self.history))
         return Grade(correct, {"correct": correct, "used_calculator": used})
+
+
+_OPERATIONS = (
+    (re.compile(r"get (\d+) more"), "+"),
+    (re.compile(r"find (\d+) more"), "+"),
+    (re.compile(r"give away (\d+)"), "-"),
+    (re.compile(r"multiplied by (\d+)"), "*"),
+    (re.compile(r"group of (\d+)"), "/"),
+)
+
+
+def calculator_expression(problem: str) -> str:
+    """The expression a Calculator word problem asks for, e.g. ``"(16 / 2) + 3"``."""
+    sentences = [s.strip() for s in problem.split(".") if s.strip()]
+    start = re.search(r"has (\d+)", sentences[0])
+    if start is None:
+        raise ValueError(f"not a Calculator problem: {problem!r}")
+    expression = start.group(1)
+    for sentence in sentences[1:]:
+        for pattern, op in _OPERATIONS:
+            found = pattern.search(sentence)
+            if found:
+                if " " in expression:  # earlier steps happen first: bracket them
+                    expression = f"({expression})"
+                expression = f"{expression} {op} {found.group(1)}"
+                break
+    return expression
 
 
 def _operation(value: int, item: str, max_number: int,

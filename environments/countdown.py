@@ -12,6 +12,7 @@ expression over the numbers.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from fractions import Fraction
 
@@ -81,6 +82,12 @@ class CountdownEnv(AgentEnv):
         return Task([Message("system", SYSTEM), Message("user", prompt)],
                     answer={"numbers": numbers, "target": target}, key=key)
 
+    def demonstrate(self, messages: list[Message]) -> str:
+        """Scripted solution: ``<answer>expression</answer>`` found by brute force."""
+        assert self.task is not None
+        numbers, target = self.task.answer["numbers"], self.task.answer["target"]
+        return f"<answer>{countdown_solution(numbers, target)}</answer>"
+
     def grade(self, answer: str) -> Grade:
         """1.0 when the expression is valid and hits the target."""
         assert self.task is not None
@@ -89,6 +96,25 @@ class CountdownEnv(AgentEnv):
                                  self.task.answer["target"])
         tagged = float(last_tagged(answer) is not None)
         return Grade(float(ok), {"correct": float(ok), "tagged": tagged})
+
+
+def countdown_solution(numbers: list[int], target: int) -> str | None:
+    """An expression using every number once that equals ``target`` (brute force, small)."""
+    ops = ("+", "-", "*", "/")
+    for order in itertools.permutations(numbers):
+        for chosen in itertools.product(ops, repeat=len(order) - 1):
+            value, text = Fraction(order[0]), str(order[0])
+            for number, op in zip(order[1:], chosen, strict=True):
+                if op == "/" and number == 0:
+                    break
+                value = {"+": value + number, "-": value - number, "*": value * number,
+                         "/": value / number if number else value}[op]
+                text = f"({text}) {op} {number}" if op in "*/" and " " in text else \
+                    f"{text} {op} {number}"
+            else:
+                if value == target:
+                    return text
+    return None
 
 
 def _random_value(numbers: list[int], rng: np.random.Generator) -> int | None:

@@ -7,8 +7,9 @@ any reply whose last number is N). Every lookup result carries ``padding_words``
 filler notes, so a trace grows by roughly ``chain_length × padding_words`` tokens.
 
 Only the latest observation is needed to act, so a context compacted down to its last
-turn still allows the optimal policy: :func:`scripted_action` is that policy, usable by
-tests and ``agentrl check-env``. Action format for a lookup:
+turn still allows the optimal policy: :func:`scripted_action` is that policy, offered as
+the environment's ``demonstrate`` hook (``agentrl sft``, ``agentrl check-env``). Action
+format for a lookup:
 ``<tool_call>{"name": "lookup", "arguments": {"key": "k3f9a1"}}</tool_call>``.
 """
 
@@ -108,7 +109,7 @@ class KVStoreEnv(AgentEnv):
         lookups = sum(1 for m in self.history if m.role == "tool" and m.name == "lookup")
         return Grade(correct, {"correct": correct, "lookups": float(lookups)})
 
-    def scripted_action(self, messages: list[Message]) -> str:
+    def demonstrate(self, messages: list[Message]) -> str:
         """The optimal policy's action (see the module docstring)."""
         return scripted_action(messages)
 

@@ -34,14 +34,29 @@ def stand_in_model(tmp_path_factory) -> Path:
                                  max_position_embeddings=QWEN25_POSITIONS)
 
 
+def warm_start_stand_in(config, folder: Path) -> Path:
+    """What `agentrl sft` writes for a config (its tokenizer fitted to the environments'
+    demonstrations, so prompts measure as in the walkthrough), untrained."""
+    from agentrl.model import build_tiny_checkpoint
+    from agentrl.sft import WarmStartConfig, tokenizer_corpus
+
+    ws = WarmStartConfig()
+    return build_tiny_checkpoint(folder, hidden_size=32, num_layers=1, num_heads=2,
+                                 num_kv_heads=1, vocab_size=ws.vocab_size,
+                                 corpus=tokenizer_corpus(config, num_rollouts=40))
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(ROOT)) for p in SHIPPED])
-def test_shipped_config_is_valid(path, capsys, stand_in_model):
+def test_shipped_config_is_valid(path, capsys, stand_in_model, tmp_path):
     config = load_config(path)
     assert plan_batches(config).num_updates >= 1
     absent, overrides = [], []
     if config.model.path and not _exists(config.model.path):
         absent.append(config.model.path)
-        overrides.append(f'model.path="{stand_in_model}"')
+        # a GPU recipe names a checkpoint; a walkthrough names its own `agentrl sft` output
+        model = stand_in_model if config.model.path.startswith("/") else warm_start_stand_in(
+            config, tmp_path / "sft")
+        overrides.append(f'model.path="{model}"')
     for index, env in enumerate(config.environments):
         missing = {k: v for k, v in env.kwargs.items() if k.endswith("path") and not _exists(v)}
         if missing:  # only GSM8K takes data files: its shipped sample stands in

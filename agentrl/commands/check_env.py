@@ -1,10 +1,12 @@
 """``agentrl check-env ID_OR_MODULE:CLASS``: scripted rollouts plus Gymnasium's checker.
 
-Prints the tools offered (schemas), then for each episode the transcript and the reward,
-then the result of Gymnasium's ``check_env``.
-Actions come from ``--actions FILE`` (a JSON list of strings, or plain text with actions
-separated by lines holding only ``---``), else the environment's ``scripted_action``
-policy when it has one, else random text from the action space.
+Prints the tools offered (schemas), the context budget (the first prompt's tokens: system
+prompt, tool schemas, first observation, measured with the chat template and tokenizer of
+``--config``'s model, else the tiny built-in one, against ``compaction.max_context_tokens``),
+then for each episode the transcript and the reward, then the result of Gymnasium's
+``check_env``. Actions come from ``--actions FILE`` (a JSON list of strings, or plain text
+with actions separated by lines holding only ``---``), else the environment's
+``demonstrate`` policy when it has one, else random text from the action space.
 
 The environment runs in a worker process and every call goes through the runner's own
 containment (:class:`agentrl.rollout.env_guard.GuardedEnv`): each call has a deadline
@@ -13,8 +15,9 @@ return is checked by the same code as in training, so a violation is reported in
 same words (``env 'x': step() returned reward 'high' (str); expected a finite float``).
 ``--adversarial`` also sends every text of :mod:`agentrl.adversarial` (huge, nested,
 surrogates, malformed tool calls naming the environment's first tool) as one step of a
-fresh instance and reports what broke. Exit status: 0 all good, 1 a check failed or the
-environment broke its contract, 2 the environment could not be found.
+fresh instance and reports what broke. Exit status: 0 all good, 1 a check failed, the
+environment broke its contract or its first prompt does not fit the budget, 2 the
+environment could not be found.
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-observation-chars", type=int,
                         default=RolloutConfig().max_observation_chars,
                         help="characters one reset or step may return (as in training)")
+    parser.add_argument("--config", default=None,
+                        help="a TOML config whose model tokenizer, compaction and rollout "
+                             "settings the context budget is measured against (default: the "
+                             "tiny built-in tokenizer and default settings)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,7 +103,10 @@ async def _check_open(args: argparse.Namespace, env: Any) -> int:
     print("tools offered:")
     schemas = await env.tool_schemas()
     print(json.dumps(schemas, indent=2) if schemas else "  (none)")
+    if not _print_context_budget(args, _json_kwargs(args.kwargs)):
+        return 1
     actions = _load_actions(args.actions) if args.actions else None
+    print(await env.caller.call(_policy_line, (actions,), {}, args.timeout, what="step"))
     for episode in range(args.episodes):  # the runner's checks first: the same words
         seed = args.seed + episode
         reward = await _episode(env, seed, actions, args)
@@ -196,12 +206,57 @@ def _gym_check(env: Any) -> str | None:
 
 
 def _next_action(env: Any, transcript: list, actions: list[str] | None, step: int) -> str:
-    """In the worker: the given action, the scripted policy's, or random text."""
+    """In the worker: the given action, the demonstration policy's, or random text."""
+    from agentrl.env import has_demonstration
+
     if actions is not None:
         return actions[step] if step < len(actions) else actions[-1]
-    if hasattr(env, "scripted_action"):
-        return env.scripted_action(transcript)
+    if has_demonstration(env):
+        action = env.demonstrate(list(transcript))
+        if action is not None:
+            return action
+        print("  (demonstrate() returned None: a random action instead)")
     return env.action_space.sample()
+
+
+def _policy_line(env: Any, actions: list[str] | None) -> str:
+    """In the worker: where the scripted episodes' actions come from."""
+    from agentrl.env import has_demonstration
+
+    if actions is not None:
+        return "scripted episodes: the actions of --actions"
+    if has_demonstration(env):
+        return "scripted episodes: the environment's demonstrate() policy"
+    return ("scripted episodes: random text (the environment has no demonstrate() policy; "
+            "`agentrl sft` needs one, or a JSONL of demonstrations: "
+            "docs/writing-environments.md)")
+
+
+def _print_context_budget(args: argparse.Namespace, kwargs: dict) -> bool:
+    """Print the first prompt's tokens against the budget; False when it does not fit."""
+    import msgspec
+
+    from agentrl.config import EnvironmentConfig, config_from_dict, load_config
+    from agentrl.context_budget import (
+        budget_problem,
+        describe_budgets,
+        measure_environments,
+        plan_tokenizer,
+    )
+
+    if args.config:
+        config = load_config(args.config)
+    else:
+        config = config_from_dict({"environments": [{"id": args.env, "kwargs": kwargs}]})
+    env_config = EnvironmentConfig(id=args.env, kwargs=kwargs)
+    config = msgspec.structs.replace(config, environments=[env_config])
+    tokenizer, tokenizer_name = plan_tokenizer(config)
+    budget = measure_environments(config, tokenizer)[0]
+    print(describe_budgets([budget], config, tokenizer_name))
+    problem = budget_problem(budget, config)
+    if problem is not None:
+        print(f"error: {problem}")
+    return problem is None
 
 
 def _print_traceback(exc: Any) -> None:

@@ -1,6 +1,7 @@
-"""``agentrl plan CONFIG``: print the batch accounting and the plan-time checks, or why the
-config cannot run (exit status 2, one line per problem); with ``--gpu-memory``, also the
-memory plan per GPU (exit status 1 when a rank does not fit)."""
+"""``agentrl plan CONFIG``: print the batch accounting and the plan-time checks (each
+environment's context budget among them), or why the config cannot run (exit status 2, one
+line per problem); with ``--gpu-memory``, also the memory plan per GPU (exit status 1 when a
+rank does not fit)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import argparse
 from typing import Any
 
 HELP = ("Print how a config's batch knobs turn collections into optimizer updates, check "
-        "its environments, model folder, positions and micro-batch budget, and with "
-        "--gpu-memory whether a training rank fits its GPU.")
+        "its environments, context budget, model folder, positions and micro-batch budget, "
+        "and with --gpu-memory whether a training rank fits its GPU.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +35,6 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.preflight import run_checks
 
     config = load_config(args.config, args.overrides)
-    print(f"{args.config}: valid")
     print(describe_plan(plan_batches(config)))
     fits = True if args.gpu_memory is None else _memory_plan(config, args)
     print("checks:")

@@ -1,11 +1,14 @@
-"""``agentrl sft CONFIG --out DIR``: warm-start a model on scripted demonstrations."""
+"""``agentrl sft CONFIG --out DIR [--demonstrations FILE.jsonl]``: warm-start a model on
+demonstrations of every environment of the config (each environment's ``demonstrate``
+policy, or trajectories from JSONL files; see :mod:`agentrl.demonstrations`)."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = ("Warm start: supervised training on correct demonstrations of the config's "
-        "environments, played through the rollout runner; writes a Hugging Face folder.")
+HELP = ("Warm start: supervised training on correct demonstrations of every environment of "
+        "the config (its demonstrate() policy or a JSONL of trajectories), played through "
+        "the rollout runner; writes a Hugging Face folder.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base", default=None,
                         help="model folder to start from (default: a new tiny model whose "
                              "tokenizer is fitted to the environments' text)")
+    parser.add_argument("--demonstrations", action="append", default=[], metavar="FILE.jsonl",
+                        help='trajectories, one JSON per line: {"env": NAME, "seed": INT, '
+                             '"actions": [...]} (repeatable); they take precedence over the '
+                             "environments' demonstrate() policies")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override one config setting")
     for name in ("num_steps", "rows_per_step", "num_demonstrations", "hidden_size",
@@ -34,10 +41,12 @@ def run(args: argparse.Namespace) -> int:
     """Build or load the model, train it on demonstrations, save it."""
 
     from agentrl.config import load_config
+    from agentrl.demonstrations import load_trajectories
     from agentrl.sft import WarmStartConfig, warm_start
 
     config = load_config(args.config, args.overrides)
+    trajectories = load_trajectories(args.demonstrations)
     ws = WarmStartConfig(**{f: getattr(args, f) for f in WarmStartConfig.__struct_fields__})
-    out = warm_start(config, args.out, ws, base=args.base)
+    out = warm_start(config, args.out, ws, base=args.base, trajectories=trajectories)
     print(f"wrote {out}")
     return 0

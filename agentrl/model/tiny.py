@@ -30,6 +30,7 @@ from agentrl.model.args import ModelArgs
 from agentrl.model.chat_template import QWEN25_CHAT_TEMPLATE
 from agentrl.model.checkpoint import DTYPE_NAMES, save_pretrained
 from agentrl.model.model import CausalLM
+from agentrl.model.tokenizer import Tokenizer as ChatTokenizer
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
@@ -132,6 +133,15 @@ def tokenizer_config(tok: Tokenizer, max_length: int) -> dict:
     }
 
 
+def tiny_tokenizer(seed: int = 0, vocab_size: int = 512, corpus: Iterable[str] | None = None,
+                   max_position_embeddings: int = 4096) -> ChatTokenizer:
+    """The tokenizer (with its chat template) that ``build_tiny_checkpoint`` writes for the
+    same arguments, without writing anything: what ``agentrl plan`` measures prompts with
+    when ``model.path`` is empty."""
+    raw = build_tokenizer(corpus if corpus is not None else default_corpus(seed), vocab_size)
+    return ChatTokenizer(raw, tokenizer_config(raw, max_position_embeddings))
+
+
 def build_tiny_checkpoint(
     path: str | Path,
     family: Literal["qwen2", "qwen3", "llama"] = "qwen2",
@@ -154,10 +164,10 @@ def build_tiny_checkpoint(
         )
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(corpus if corpus is not None else default_corpus(seed), vocab_size)
+    tokenizer = tiny_tokenizer(seed, vocab_size, corpus, max_position_embeddings)
+    tok = tokenizer.raw
     tok.save(str(path / "tokenizer.json"))
-    config = tokenizer_config(tok, max_position_embeddings)
-    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer.config, indent=2))
     args = ModelArgs(
         model_type=family,
         vocab_size=max(vocab_size, tok.get_vocab_size()),

@@ -13,6 +13,11 @@ Two strategies, chosen once from ``CompactionConfig.strategy``:
 
 Either way the new segment's prompt is the compacted conversation rendered by the chat
 template and encoded: exactly the ids the engine receives next.
+
+The newest turn (the reply that overflowed and the tool result it got) is never dropped,
+whatever ``keep_last_turns`` says: it is what the policy must act on next (a lookup's
+answer arrives there). When the head and that turn alone do not fit the budget, the
+compactor returns None and the rollout ends truncated with reason ``"context_budget"``.
 """
 
 from __future__ import annotations
@@ -50,11 +55,17 @@ def marker_message(num_dropped: int) -> dict[str, Any]:
     }
 
 
+def kept_turns(turns: list[Turn], keep_last_turns: int) -> list[Turn]:
+    """The last ``keep_last_turns`` turns, and never fewer than the newest one."""
+    return turns[-max(keep_last_turns, 1):]
+
+
 def fit_turns(
     context: ChatContext, head: list[dict[str, Any]], turns: list[Turn], budget: int
 ) -> list[int] | None:
-    """Keep as many of ``turns`` (newest last) as fit in ``budget``; None if even none fit."""
-    for start in range(len(turns) + 1):
+    """Keep as many of ``turns`` (newest last) as fit in ``budget``, always the newest;
+    None when the head and the newest turn alone do not fit."""
+    for start in range(len(turns)):
         context.head, context.turns = head, turns[start:]
         prompt_ids = context.prompt_ids()
         if len(prompt_ids) <= budget:
@@ -76,9 +87,8 @@ class DropOldest:
     ) -> list[int] | None:
         """Drop old turns; the marker counts every turn dropped so far in this rollout."""
         turns = [*context.turns, turn]
-        k = self.config.keep_last_turns
-        kept = turns[-k:] if k > 0 else []
-        for start in range(len(kept) + 1):
+        kept = kept_turns(turns, self.config.keep_last_turns)
+        for start in range(len(kept)):  # never past the newest turn
             dropped = self.num_dropped + len(turns) - len(kept) + start
             head = [*self.original_head, marker_message(dropped)]
             context.head, context.turns = head, kept[start:]
@@ -125,8 +135,7 @@ class Summarize:
         head = [*self.original_head,
                 {"role": "user", "content": f"Summary of your earlier progress:\n{text}"}]
         turns = [*context.turns, turn]
-        k = self.config.keep_last_turns
-        return fit_turns(context, head, turns[-k:] if k > 0 else [],
+        return fit_turns(context, head, kept_turns(turns, self.config.keep_last_turns),
                          self.config.max_context_tokens)
 
 

@@ -47,7 +47,7 @@ class ScriptedLongEnv:
 
 
 def collect_demo_batch(
-    num_groups: int = 2, group_size: int = 4, max_context_tokens: int = 160, seed: int = 0,
+    num_groups: int = 2, group_size: int = 4, max_context_tokens: int = 240, seed: int = 0,
     checkpoint: str | Path | None = None,
 ) -> list[Rollout]:
     """Collect one small batch with the tiny model and drop_oldest compaction."""

@@ -25,6 +25,7 @@ Two ways to run the environment (``AgentEnv.isolation``):
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import pickle
 import threading
 import time
@@ -208,10 +209,12 @@ class ThreadCaller:
         box: list[tuple[bool, Any]] = []
         done = threading.Event()
 
+        context = contextvars.copy_context()  # the caller's context, as asyncio.to_thread
+
         def target() -> None:
             clock["start"] = time.monotonic()
             try:
-                outcome: tuple[bool, Any] = (True, fn(*args, **kwargs))
+                outcome: tuple[bool, Any] = (True, context.run(fn, *args, **kwargs))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 outcome = (False, exc)
             clock["end"] = time.monotonic()
@@ -412,9 +415,11 @@ async def _in_thread(fn: Callable[[], Any]) -> Any:
     loop = asyncio.get_running_loop()
     future: asyncio.Future = loop.create_future()
 
+    context = contextvars.copy_context()
+
     def target() -> None:
         try:
-            outcome: tuple[bool, Any] = (True, fn())
+            outcome: tuple[bool, Any] = (True, context.run(fn))
         except BaseException as exc:  # noqa: BLE001
             outcome = (False, exc)
         try:

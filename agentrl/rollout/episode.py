@@ -10,6 +10,7 @@ traceback. Nothing an environment does reaches the caller as an exception.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -53,11 +54,18 @@ def isolation_of(env_id: str) -> str:
     return isolation if isolation in ISOLATIONS else "thread"
 
 
+CURRENT_ROLLOUT: contextvars.ContextVar[RolloutSpec] = contextvars.ContextVar(
+    "agentrl_current_rollout")
+"""The rollout being played in this asyncio task (and in the threads its environment calls
+run on): lets a custom ``make_env`` know which rollout it builds an instance for."""
+
+
 async def play_episode(
     spec: RolloutSpec, source: EnvSource, engine: InferenceEngine, tokenizer: Any,
     rollout: RolloutConfig, compaction: CompactionConfig, on_failure: OnFailure | None = None,
 ) -> Rollout:
     """Build, play and close one instance; every failure gives an invalid rollout."""
+    CURRENT_ROLLOUT.set(spec)
     try:
         env = await GuardedEnv.open(source.name, source.factory, rollout.step_timeout_s,
                                     rollout.max_observation_chars, source.isolation,

@@ -7,6 +7,11 @@ is the sum of step rewards times the environment's ``reward_scale``. An environm
 failure (exception, timeout, a result that breaks the contract, a non-finite reward) ends
 the rollout as invalid with ``stats.error`` and ``stats.error_kind`` set; the environment
 is called only through :class:`agentrl.rollout.env_guard.GuardedEnv`.
+
+Turn limits: the rollout ends at whichever limit comes first, the environment's own
+``max_turns`` (it returns ``truncated=True``: reason ``"env"``) or ``rollout.max_turns``
+(the runner stops asking: reason ``"max_turns"``). Every truncation is named in
+``stats.truncation_reason`` (see :data:`agentrl.types.TRUNCATION_REASONS`).
 """
 
 from __future__ import annotations
@@ -132,7 +137,7 @@ class RolloutPlayer:
             budget = min(self.config.max_new_tokens,
                          self.config.max_rollout_tokens - self._generated_so_far())
             if budget < 1:
-                self.stats.truncated = True
+                self._truncate("max_rollout_tokens")
                 return
             params = self._params(budget)
             generation = await self._generate(params)
@@ -142,7 +147,8 @@ class RolloutPlayer:
             observation, reward, terminated, truncated, info = await self.env.step(text)
             self._record(reward, info)
             if terminated or truncated:
-                self.stats.truncated = bool(truncated and not terminated)
+                if truncated and not terminated:
+                    self._truncate("env")
                 return
             turn, delta_ids = context.turn_delta(generation.token_ids, self.stop_ids,
                                                  observation)
@@ -154,13 +160,13 @@ class RolloutPlayer:
                 continue
             if not await self._compact(compactor, context, turn, generation.token_ids, params):
                 return
-        self.stats.truncated = True  # out of turns without the environment ending it
+        self._truncate("max_turns")  # out of turns without the environment ending it
 
     async def _compact(self, compactor: Any, context: ChatContext, turn: Any,
                        generated_ids: list[int], params: SamplingParams) -> bool:
         """Start a new segment from a compacted context; False ends the rollout (truncated)."""
         if self.stats.num_compactions >= self.compaction.max_compactions:
-            self.stats.truncated = True
+            self._truncate("max_compactions")
             return False
         assert self.current is not None
         try:
@@ -171,12 +177,17 @@ class RolloutPlayer:
                 from exc
         self.segments.append(self.current.build())
         self.current = None
-        if prompt_ids is None:  # not even the task fits the budget
-            self.stats.truncated = True
+        if prompt_ids is None:  # the task and the newest turn do not fit the budget
+            self._truncate("context_budget")
             return False
         self.stats.num_compactions += 1
         self.current = SegmentBuilder(prompt_ids)
         return True
+
+    def _truncate(self, reason: str) -> None:
+        """End the rollout as truncated, with its reason (see ``TRUNCATION_REASONS``)."""
+        self.stats.truncated = True
+        self.stats.truncation_reason = reason
 
     def _generated_so_far(self) -> int:
         done = sum(s.num_generated_tokens for s in self.segments)

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agentrl.env import AgentEnv, Grade, Task
-from agentrl.tools import tool
-from agentrl.types import Message
+from agentrl import AgentEnv, Grade, Message, Task, format_call, tool
 
 WORDS = ("agent", "reward", "policy", "token", "rollout", "gradient", "context", "sample")
 
@@ -47,3 +45,9 @@ class ReverseWordEnv(AgentEnv):
         """1.0 for the exact reversal inside the answer tags."""
         inner = answer.split("<answer>")[-1].split("</answer>")[0].strip()
         return Grade(float(inner == self.task.answer), {"tagged": float("<answer>" in answer)})
+
+    def demonstrate(self, messages: list[Message]) -> str:
+        """Scripted policy (for `agentrl sft`): check the reversal, then answer it."""
+        if messages[-1].role != "tool":
+            return format_call("check", guess=self.task.answer)
+        return f"<answer>{self.task.answer}</answer>"

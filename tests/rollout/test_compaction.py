@@ -48,7 +48,7 @@ def split_calls(rollout, prompts):
 
 
 @pytest.mark.parametrize("strategy", ["drop_oldest", "summarize"])
-@pytest.mark.parametrize("budget", [420, 560, 100_000])
+@pytest.mark.parametrize("budget", [440, 560, 100_000])
 def test_rows_hold_exactly_what_the_engine_saw(tokenizer, strategy, budget):
     engine = RecordingEngine(ScriptedEngine(tokenizer, policy(tokenizer)))
     compaction = CompactionConfig(strategy=strategy, max_context_tokens=budget,
@@ -75,7 +75,7 @@ def test_rows_hold_exactly_what_the_engine_saw(tokenizer, strategy, budget):
 
 def test_drop_oldest_leaves_a_marker_and_keeps_the_task(tokenizer):
     engine = RecordingEngine(ScriptedEngine(tokenizer, policy(tokenizer)))
-    compaction = CompactionConfig(strategy="drop_oldest", max_context_tokens=420,
+    compaction = CompactionConfig(strategy="drop_oldest", max_context_tokens=440,
                                   keep_last_turns=1, max_compactions=50)
     rollout = play(engine, LongEnv(horizon=8, obs_len=30), tokenizer, compaction)
     later = tokenizer.decode(rollout.segments[-1].token_ids)
@@ -85,7 +85,7 @@ def test_drop_oldest_leaves_a_marker_and_keeps_the_task(tokenizer):
 
 def test_summary_is_trained_in_the_row_that_produced_it(tokenizer):
     engine = RecordingEngine(ScriptedEngine(tokenizer, policy(tokenizer)))
-    compaction = CompactionConfig(strategy="summarize", max_context_tokens=420,
+    compaction = CompactionConfig(strategy="summarize", max_context_tokens=440,
                                   keep_last_turns=0, max_compactions=50)
     rollout = play(engine, LongEnv(horizon=8, obs_len=30), tokenizer, compaction)
     first, second = rollout.segments[0], rollout.segments[1]
@@ -99,7 +99,7 @@ def test_summary_is_trained_in_the_row_that_produced_it(tokenizer):
 
 def test_compaction_cap_ends_the_rollout_truncated(tokenizer):
     engine = ScriptedEngine(tokenizer, policy(tokenizer))
-    compaction = CompactionConfig(strategy="drop_oldest", max_context_tokens=420,
+    compaction = CompactionConfig(strategy="drop_oldest", max_context_tokens=440,
                                   keep_last_turns=1, max_compactions=1)
     rollout = play(engine, LongEnv(horizon=30, obs_len=30), tokenizer, compaction)
     assert rollout.stats.truncated and rollout.stats.num_compactions == 1
@@ -109,7 +109,7 @@ def test_compaction_cap_ends_the_rollout_truncated(tokenizer):
 def test_a_rollout_counts_once_whatever_its_rows(tokenizer):
     """Group {long rollout: reward 1 in k rows, short one: reward 0 in 1 row} → ±0.5."""
     results = {}
-    for budget in (420, 560, 100_000):
+    for budget in (440, 560, 100_000):
         compaction = CompactionConfig(strategy="drop_oldest", max_context_tokens=budget,
                                       keep_last_turns=1, max_compactions=50)
         engine = ScriptedEngine(tokenizer, policy(tokenizer))

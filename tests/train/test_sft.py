@@ -10,16 +10,13 @@ import pytest
 import torch
 
 from agentrl.config import config_from_dict
+from agentrl.demonstrations import play_demonstrations
 from agentrl.model import build_tiny_checkpoint, load_pretrained, load_tokenizer
 from agentrl.reassembler import to_rows
-from agentrl.sft import (
-    calculator_expression,
-    countdown_solution,
-    play_demonstrations,
-    sft_lr,
-    sft_step,
-)
+from agentrl.sft import sft_lr, sft_step
 from environments._verify import parse_arithmetic
+from environments.calculator import calculator_expression
+from environments.countdown import countdown_solution
 
 
 def test_calculator_expression_follows_the_story() -> None:

@@ -1,0 +1,169 @@
+"""The context budget in the open: how many tokens each environment's first prompt takes.
+
+The first prompt is what the engine receives before the model's first turn: the chat
+template's rendering of the environment's reset messages with its tool schemas. It is
+split into the system prompt, the tool schemas and the first observation (the task):
+each part is the difference between two renderings, so the parts add up to the total
+exactly. With compaction on, the prompt must fit ``compaction.max_context_tokens`` with
+room for turns, because compaction keeps the system, the task and the newest turn; a
+first prompt over the budget is refused by ``agentrl plan``, ``agentrl check-env`` and
+``agentrl train`` (one line naming the environment, the numbers and the knob).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from agentrl.config import Config, ConfigError, EnvironmentConfig
+from agentrl.rollout.context import as_dicts
+
+NUM_TASKS = 8
+"""Train tasks (seeds 0..7) measured per environment; the longest first prompt counts."""
+
+
+class PromptBudget(msgspec.Struct, frozen=True):
+    """Tokens of one environment's first prompt, by part (the longest of NUM_TASKS tasks)."""
+
+    env: str
+    system_tokens: int
+    """The system message(s), rendered by the chat template."""
+    tool_tokens: int
+    """What the tool schemas add to the rendering."""
+    observation_tokens: int
+    """The rest: the task message(s) and the generation prompt."""
+
+    @property
+    def total(self) -> int:
+        """Tokens of the whole first prompt."""
+        return self.system_tokens + self.tool_tokens + self.observation_tokens
+
+
+def measure_first_prompt(env: Any, tokenizer: Any, name: str,
+                         num_tasks: int = NUM_TASKS) -> PromptBudget:
+    """The first prompt's tokens by part, for the longest of ``num_tasks`` train tasks."""
+    tools = env.tool_schemas() or None
+
+    def count(messages: list[dict[str, Any]], with_tools: bool, prompt: bool) -> int:
+        if not messages:
+            return 0
+        text = tokenizer.apply_chat_template(messages, tools=tools if with_tools else None,
+                                             add_generation_prompt=prompt)
+        return len(tokenizer.encode(text))
+
+    longest: PromptBudget | None = None
+    for seed in range(num_tasks):
+        head = as_dicts(env.reset(seed=seed)[0])
+        num_system = next((i for i, m in enumerate(head) if m["role"] != "system"), len(head))
+        total = count(head, with_tools=True, prompt=True)
+        without_tools = count(head, with_tools=False, prompt=True)
+        system = count(head[:num_system], with_tools=False, prompt=False)
+        budget = PromptBudget(name, system, total - without_tools, without_tools - system)
+        if longest is None or budget.total > longest.total:
+            longest = budget
+    assert longest is not None
+    return longest
+
+
+TINY_TOKENIZER_NOTE = (
+    "measured with the tiny built-in tokenizer, which `agentrl train` uses when model.path "
+    "is empty; a model from `agentrl sft --out DIR` has a tokenizer fitted to your "
+    "environments' text (prompts about half as long): measure with --set model.path=DIR")
+
+
+def budget_problem(budget: PromptBudget, config: Config) -> str | None:
+    """Why this first prompt cannot run under the config (one line), or None when it fits."""
+    compaction, rollout = config.compaction, config.rollout
+    if compaction.strategy == "none" or budget.total <= compaction.max_context_tokens:
+        return None
+    return (
+        f"environment {budget.env!r}: its first prompt is {budget.total} tokens (system "
+        f"{budget.system_tokens} + tool schemas {budget.tool_tokens} + first observation "
+        f"{budget.observation_tokens}), over compaction.max_context_tokens = "
+        f"{compaction.max_context_tokens}, so no turn fits the context; raise "
+        f"compaction.max_context_tokens to at least {budget.total + rollout.max_new_tokens} "
+        f"(the prompt plus one turn of rollout.max_new_tokens = {rollout.max_new_tokens}) "
+        "and room for tool results, or shorten the system prompt, tool docstrings or task"
+        + ("" if config.model.path else f" ({TINY_TOKENIZER_NOTE})")
+    )
+
+
+def describe_budgets(budgets: list[PromptBudget], config: Config, tokenizer_name: str) -> str:
+    """The per-environment lines ``agentrl plan`` and ``agentrl check-env`` print."""
+    compaction, rollout = config.compaction, config.rollout
+    lines = [f"context budget (first prompt = chat template over the reset messages and tool "
+             f"schemas, tokenizer: {tokenizer_name}; longest of {NUM_TASKS} tasks):"]
+    width = max(len(b.env) for b in budgets)
+    for b in budgets:
+        line = (f"  {b.env:<{width}}  system {b.system_tokens} + tools {b.tool_tokens} + first "
+                f"observation {b.observation_tokens} = {b.total} tokens")
+        room = compaction.max_context_tokens - b.total
+        line += f" of compaction.max_context_tokens {compaction.max_context_tokens}: "
+        if compaction.strategy == "none":
+            line = line.split(" of ")[0] + " (compaction off: no context budget)"
+        elif room < 0:
+            line += f"OVER by {-room}: refused"
+        elif room < rollout.max_new_tokens:
+            line += (f"{room} left for turns, less than one turn of rollout.max_new_tokens "
+                     f"{rollout.max_new_tokens}: long turns end rollouts "
+                     "(truncated/context_budget)")
+        else:
+            line += f"{room} left for turns"
+        lines.append(line)
+    lines.append(f"  generation: rollout.max_new_tokens {rollout.max_new_tokens} per turn, "
+                 f"rollout.max_turns {rollout.max_turns}, rollout.max_rollout_tokens "
+                 f"{rollout.max_rollout_tokens} per rollout")
+    if not config.model.path:
+        lines.append(f"  note: {TINY_TOKENIZER_NOTE}")
+    return "\n".join(lines)
+
+
+def measure_environments(config: Config, tokenizer: Any,
+                         environments: list[EnvironmentConfig] | None = None
+                         ) -> list[PromptBudget]:
+    """Every (or the given) environment's first prompt, measured with ``tokenizer``."""
+    from agentrl.registry import make
+
+    budgets = []
+    for env_config in environments or config.environments:
+        env = make(env_config.id, **env_config.kwargs)
+        try:
+            budgets.append(measure_first_prompt(env, tokenizer, env_config.display_name()))
+        finally:
+            env.close()
+    return budgets
+
+
+def check_context_budget(config: Config, tokenizer: Any = None) -> list[PromptBudget]:
+    """Plan-time check: every environment's first prompt fits the context budget.
+
+    ``tokenizer``: the model's; None takes :func:`plan_tokenizer`'s. Raises ConfigError
+    (one line: environment, numbers, knob) for the first prompt that does not fit."""
+    if tokenizer is None:
+        tokenizer, _ = plan_tokenizer(config)
+    budgets = measure_environments(config, tokenizer)
+    refuse_over_budget(budgets, config)
+    return budgets
+
+
+def refuse_over_budget(budgets: list[PromptBudget], config: Config) -> None:
+    """Raise ConfigError for the first environment whose first prompt does not fit."""
+    for budget in budgets:
+        problem = budget_problem(budget, config)
+        if problem is not None:
+            raise ConfigError(problem)
+
+
+def plan_tokenizer(config: Config) -> tuple[Any, str]:
+    """The tokenizer training will use, and its name: ``model.path``'s, or the tiny
+    built-in model's (what ``agentrl train`` builds when ``model.path`` is empty)."""
+    from agentrl.model import load_tokenizer
+    from agentrl.model.tiny import tiny_tokenizer
+
+    if config.model.path:
+        from agentrl.preflight import locate_model_dir
+
+        folder = locate_model_dir(config.model.path)
+        return load_tokenizer(folder), str(folder)
+    return tiny_tokenizer(config.train.seed), "the tiny built-in model's"
