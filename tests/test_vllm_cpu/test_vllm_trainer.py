@@ -7,6 +7,8 @@ import pytest
 
 from agentrl.config import config_from_dict
 from agentrl.metric_writers import read_metrics
+from agentrl.model import load_pretrained
+from agentrl.parallel.fsdp import full_state_dict
 from agentrl.rollout.engine import SamplingParams
 from agentrl.rollout.torch_engine import TorchEngine
 from agentrl.rollout.vllm_engine import vllm_available
@@ -32,7 +34,7 @@ def test_trainer_generates_with_vllm_and_syncs_the_updated_weights(ckpt_a, model
         "environments": [{"id": "tests.train.test_train_e2e:ShortAnswerEnv"}],
     })
     run = build_run(config, tmp_path / "run")
-    start = {k: v.clone() for k, v in run.model.state_dict().items()}
+    start = {k: v.clone() for k, v in full_state_dict(run.model).items()}
     try:
         train(run)
         first = read_metrics(tmp_path / "run")[0]
@@ -40,14 +42,15 @@ def test_trainer_generates_with_vllm_and_syncs_the_updated_weights(ckpt_a, model
         # vLLM's for the same tokens before any update (fp32 on both sides)
         assert first["loss/mismatch_scored"] < 1e-3
         assert first["num_rollouts"] == 4
-        moved = any(not v.equal(start[k]) for k, v in run.model.state_dict().items())
+        trained = load_pretrained(tmp_path / "run" / "checkpoints" / "step_2")
+        moved = any(not v.equal(start[k]) for k, v in trained.state_dict().items())
         assert moved, "training should have changed the weights"
         # vLLM now serves the trained weights: its greedy tokens are the trained model's
         greedy = SamplingParams(temperature=0.0, max_tokens=10)
         prompt = run.tokenizer.encode("Say 123.")
         served = run.loop.run_until_complete(run.engine.generate(prompt, greedy))
         reference = run.loop.run_until_complete(
-            TorchEngine(run.model, max_batch_size=1, max_len=64).generate(prompt, greedy))
+            TorchEngine(trained, max_batch_size=1, max_len=64).generate(prompt, greedy))
         assert served.token_ids == reference.token_ids
         # ...and not the starting weights' (else this check could not fail)
         initial = run.loop.run_until_complete(
