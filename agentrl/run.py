@@ -10,6 +10,7 @@ its share of the rows, and the summed gradients keep all ranks' weights identica
 from __future__ import annotations
 
 import asyncio
+import copy
 import random
 import time
 from dataclasses import dataclass, field
@@ -25,12 +26,13 @@ from agentrl import distributed
 from agentrl.accounting import BatchPlan, plan_batches
 from agentrl.checkpoint import TrainerState, latest_checkpoint, load_training_state
 from agentrl.config import Config
-from agentrl.metric_writers import MultiWriter, build_writers
+from agentrl.metric_writers import JsonlWriter, MultiWriter, build_writers
 from agentrl.packing import CostModel
 from agentrl.sampler import EnvironmentSampler
-from agentrl.schedule import build_optimizer, build_scheduler
+from agentrl.schedule import build_optimizer, build_scheduler, effective_lr
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+TRAINED_ROLLOUTS_FILE = "trained_rollouts.jsonl"
 
 
 @dataclass
@@ -57,6 +59,12 @@ class Run:
     reference: Any = None
     """Frozen initial model for the KL term (only when loss.kl_coef != 0)."""
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+    collector: Any = None
+    """The asynchronous collector (rollout.max_staleness >= 1, rank 0), else None."""
+    eval_engine: Any = None
+    """The engine validations use, on ``loop`` (the engine itself when None)."""
+    rollout_log: Any = None
+    """``RUN_DIR/trained_rollouts.jsonl``: what every step trained (rank 0)."""
 
     @property
     def rank(self) -> int:
@@ -78,7 +86,9 @@ class Run:
         from agentrl.rollout.runner import CollectionResult
 
         result = None
-        if self.is_main:
+        if self.is_main and self.collector is not None:
+            result = self.collector.next_collection(step)
+        elif self.is_main:
             result = self.loop.run_until_complete(
                 self.runner.collect(step, self.plan.num_rollouts))
         if not distributed.is_distributed(self.process_group):
@@ -95,16 +105,47 @@ class Run:
             return {}
         start = time.perf_counter()
         accuracy = self.loop.run_until_complete(
-            evaluate(self.engine, self.tokenizer, self.config,
+            evaluate(self.eval_engine or self.engine, self.tokenizer, self.config,
                      self.config.train.eval_tasks_per_env)
         )
         return {**eval_metrics(accuracy), "time/eval": time.perf_counter() - start}
 
-    def sync_weights(self) -> None:
-        """Give the engine the new policy; a torch engine sharing the model needs nothing."""
-        if self.engine is None or getattr(self.engine, "model", None) is self.model:
+    def sync_weights(self, version: int) -> None:
+        """Give the engine the policy of ``version`` (steps trained): through the
+        asynchronous collector, by copy, or nothing to copy for a torch engine sharing
+        the trainer's model."""
+        if self.engine is None:
             return
-        self.engine.update_weights(self.model.state_dict())
+        if self.collector is not None:
+            self.collector.publish(self.model.state_dict().items(), version)
+            return
+        if getattr(self.engine, "model", None) is not self.model:
+            self.engine.update_weights(self.model.state_dict())
+        self.engine.weight_version = version
+
+    def sampler_state(self) -> dict[str, Any]:
+        """The sampler state a checkpoint after this step stores: from before the next
+        collection drew its tasks (asynchronous collection has already drawn ahead)."""
+        if self.collector is not None:
+            return self.collector.sampler_state_before(self.state.step + 1)
+        return self.sampler.state_dict()
+
+    def record_trained(self, step: int, groups: list[Any]) -> None:
+        """One line in ``trained_rollouts.jsonl``: the rollouts ``step`` trained on, with
+        their group's environment and task seed and their policy versions."""
+        if self.rollout_log is not None:
+            self.rollout_log.write({"step": step, "rollouts": [
+                [r.rollout_id, g.env, g.task_seed, [run for seg in r.segments
+                                                     for run in seg.version_runs]]
+                for g in groups for r in g.rollouts]})
+
+    def close(self) -> None:
+        """Stop the collector (discarding in-flight generations) and close the logs."""
+        if self.collector is not None:
+            self.collector.close()
+        if self.rollout_log is not None:
+            self.rollout_log.close()
+        self.writers.close()
 
 
 def eval_metrics(accuracy: dict[str, float]) -> dict[str, float]:
@@ -147,7 +188,7 @@ def build_run(
         reference.requires_grad_(False)
     model = distributed.wrap_model(model, process_group)
     tokenizer = load_tokenizer(model_dir)
-    optimizer = build_optimizer(model, config.optim)
+    optimizer = build_optimizer(model, config.optim, lr=effective_lr(config))
     scheduler = build_scheduler(optimizer, config.optim)
     sampler = EnvironmentSampler(
         {env.display_name(): env.weight for env in config.environments}, config.train.seed
@@ -156,15 +197,24 @@ def build_run(
     if checkpoint is not None:
         state = load_training_state(checkpoint, optimizer, scheduler)
         sampler.load_state_dict(state.sampler)
-    engine = runner = None
+    engine = runner = collector = eval_engine = rollout_log = None
     writers: Any = MultiWriter([])
     if is_main:
-        engine = build_engine(config, model, tokenizer, model_dir)
+        asynchronous = config.rollout.max_staleness > 0
+        # with k >= 1 the trainer changes its weights while the engine generates: the
+        # engine gets its own copy, synced after every step
+        engine = build_engine(config, copy.deepcopy(model) if asynchronous else model,
+                              tokenizer, model_dir)
+        engine.weight_version = state.step
         runner = build_runner(config, engine, tokenizer, sampler)
+        if asynchronous:
+            eval_engine = build_engine(config, model, tokenizer, model_dir)
+            collector = build_collector(config, runner, sampler, first_step=state.step + 1)
         write_run_config(config, run_dir)
+        resume_step = state.step if resume else None
         writers = build_writers(run_dir, config.train.num_steps, config.log.live,
-                                config.log.tensorboard,
-                                resume_step=state.step if resume else None)
+                                config.log.tensorboard, resume_step=resume_step)
+        rollout_log = JsonlWriter(run_dir / TRAINED_ROLLOUTS_FILE, resume_step=resume_step)
     args = model.config
     cost = CostModel.from_model_args(
         args.hidden_size, args.num_hidden_layers, args.intermediate_size, args.vocab_size,
@@ -173,7 +223,8 @@ def build_run(
                tokenizer_dir=Path(model_dir), engine=engine, runner=runner, sampler=sampler,
                optimizer=optimizer, scheduler=scheduler, writers=writers, state=state,
                plan=plan_batches(config), cost=cost, process_group=process_group,
-               reference=reference)
+               reference=reference, collector=collector, eval_engine=eval_engine,
+               rollout_log=rollout_log)
 
 
 def training_device() -> torch.device:
@@ -227,6 +278,16 @@ def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path) ->
 
     return TorchEngine(model, tokenizer, max_batch_size=rollout.max_concurrent_rollouts,
                        max_len=max_len, seed=config.train.seed)
+
+
+def build_collector(config: Config, runner: Any, sampler: EnvironmentSampler,
+                    first_step: int) -> Any:
+    """The asynchronous collector producing steps ``first_step ..`` (max_staleness >= 1)."""
+    from agentrl.rollout.async_collector import AsyncCollector
+
+    return AsyncCollector(runner, sampler, plan_batches(config).num_rollouts,
+                          config.rollout.max_staleness, first_step, config.train.num_steps,
+                          inflight_updates=config.rollout.inflight_updates)
 
 
 def build_runner(config: Config, engine: Any, tokenizer: Any,

@@ -26,6 +26,7 @@ import numpy as np
 from agentrl import distributed
 from agentrl.advantage import compute_advantages
 from agentrl.checkpoint import TrainerState, save_checkpoint
+from agentrl.loss import scores_proximal_policy
 from agentrl.metrics import (
     collection_figures,
     loss_figures,
@@ -35,6 +36,7 @@ from agentrl.metrics import (
 from agentrl.packing import MicroBatch, collate, plan_micro_batches
 from agentrl.reassembler import to_rows
 from agentrl.run import Run
+from agentrl.staleness import asynchronous_figures, staleness_figures
 from agentrl.types import Rollout, Row
 from agentrl.update import (
     UpdateStats,
@@ -79,11 +81,11 @@ def train(run: Run) -> TrainerState:
             last = step == cfg.num_steps
             if run.is_main and (last or (cfg.checkpoint_every
                                          and step % cfg.checkpoint_every == 0)):
-                run.state.sampler = run.sampler.state_dict()
+                run.state.sampler = run.sampler_state()
                 save_checkpoint(run.run_dir, run.state, run.model, run.optimizer,
                                 run.scheduler, tokenizer_dir=run.tokenizer_dir)
     finally:
-        run.writers.close()
+        run.close()
     return run.state
 
 
@@ -101,16 +103,22 @@ def train_step(run: Run, step: int) -> dict[str, Any]:
     with timer("train"):
         updates, figures = run_updates(run, rows, advantages)
     with timer("sync"):
-        run.sync_weights()
+        run.sync_weights(version=step)
+    run.record_trained(step, collection.groups)
     advance_counters(run.state, rollouts, timer)
     metrics: dict[str, Any] = step_stats(step, rollouts).to_flat_dict()
     metrics.update(rollout_figures(rollouts))
+    metrics.update(staleness_figures(rollouts, trained_version=step - 1))
     for name in sorted({r.env for r in rollouts}):
-        metrics.update(rollout_figures([r for r in rollouts if r.env == name], f"env/{name}/"))
+        mine = [r for r in rollouts if r.env == name]
+        metrics.update(rollout_figures(mine, f"env/{name}/"))
+        metrics.update(staleness_figures(mine, step - 1, f"env/{name}/"))
     metrics.update(loss_figures(updates))
     metrics.update(figures)
     metrics.update(collection_figures(collection.dropped, collection.num_rounds,
                                       collection.fallback_groups))
+    if run.collector is not None:
+        metrics.update(asynchronous_figures(collection.stale_dropped, collection.engine_idle_s))
     metrics.update(cumulative(run.state))
     metrics.update({f"time/{phase}": s for phase, s in timer.seconds.items()})
     return metrics
@@ -153,7 +161,8 @@ def micro_batches(run: Run, rows: list[Row], advantages: list[float]) -> list[li
     for chunk in split_by_rollout(rows, num_updates):
         lengths = [len(rows[i].token_ids) for i in chunk]
         mine = plan_micro_batches(lengths, budget, run.world_size, run.cost)[run.rank]
-        batches.append([collate(rows, advantages, [chunk[j] for j in mb]) for mb in mine])
+        batches.append([collate(rows, advantages, [chunk[j] for j in mb], run.state.step)
+                        for mb in mine])
     return batches
 
 
@@ -167,9 +176,9 @@ def run_updates(
     if run.reference is not None:  # kl_coef != 0: the KL term needs π_ref at every token
         batches = [with_logprobs(batch, score(run.reference, batch, temperature),
                                  "ref_logprobs") for batch in batches]
-    if len(batches) > 1 and run.config.loss.old_logprobs == "score":
-        # the old policy is the one that generated: score every update's rows before the
-        # first optimizer step changes the weights
+    if scores_proximal_policy(run.config.loss, len(batches)):
+        # the old (proximal) policy: the weights before this step's first optimizer
+        # update; score every update's rows before it changes them
         flat = [mb for batch in batches for mb in batch]
         scored = score(run.model, flat, temperature)
         figures["loss/mismatch_scored"] = _mismatch(run, flat, scored)

@@ -18,8 +18,10 @@ def run(args: argparse.Namespace) -> int:
     """Load and validate the config, then print the plan."""
     from agentrl.accounting import describe_plan, plan_batches
     from agentrl.config import load_config
+    from agentrl.schedule import describe_lr
 
     config = load_config(args.config, args.overrides)
     print(f"{args.config}: valid")
     print(describe_plan(plan_batches(config)))
+    print(describe_lr(config))
     return 0

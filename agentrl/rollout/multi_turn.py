@@ -20,6 +20,7 @@ from agentrl.rollout.compaction import make_compactor
 from agentrl.rollout.context import ChatContext
 from agentrl.rollout.engine import InferenceEngine, SamplingParams
 from agentrl.rollout.segment_builder import SegmentBuilder
+from agentrl.staleness import generation_versions
 from agentrl.types import Rollout, RolloutStats, Segment
 
 
@@ -123,7 +124,8 @@ class RolloutPlayer:
                 return
             params = self._params(budget)
             generation = await self._generate(params)
-            self.current.add_generated(generation.token_ids, generation.logprobs)
+            self.current.add_generated(generation.token_ids, generation.logprobs,
+                                       generation_versions(generation, self.engine))
             self.stats.num_turns += 1
             text = context.assistant_text(generation.token_ids, self.stop_ids)
             observation, reward, terminated, truncated, info = await self._env_call(

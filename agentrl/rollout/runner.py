@@ -41,6 +41,12 @@ class CollectionResult(msgspec.Struct):
     """Collection rounds run (1 + extra rounds of dynamic sampling)."""
     fallback_groups: int = 0
     """Dropped groups put back because the extra-round cap was reached."""
+    stale_dropped: dict[str, int] = {}
+    """Rollouts dropped per environment because a token was older than the staleness
+    bound (``agentrl.staleness``); asynchronous collection only."""
+    engine_idle_s: float = 0.0
+    """Seconds the engine waited for recent enough weights before this collection
+    (asynchronous collection only)."""
 
     @property
     def rollouts(self) -> list[Rollout]:
@@ -82,7 +88,7 @@ class RolloutRunner:
             ))
             for j in range(size)
         ))
-        return Group(group_id, env_name, list(rollouts))
+        return Group(group_id, env_name, list(rollouts), task_seed=task_seed)
 
     async def _rollout(self, env_config: EnvironmentConfig, spec: RolloutSpec) -> Rollout:
         async with self._limit:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ class _Request:
     slot: int = -1
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None
 
 
@@ -71,6 +73,9 @@ class TorchEngine:
         self._worker: asyncio.Task | None = None
         self.num_forwards = 0
         """Forwards run so far (prefills + decode steps), for benchmarks and tests."""
+        self.weight_version = 0
+        """Policy version of the weights (completed training steps); every sampled token
+        records the version it came from."""
 
     # ------------------------------------------------------------------ public API
 
@@ -92,17 +97,36 @@ class TorchEngine:
             self._worker = asyncio.create_task(self._run())
         return await request.future
 
-    def update_weights(self, state_dict: dict) -> None:
-        """Copy new weights into the model in place; refused while requests are in flight."""
-        if self._pending or self._active:
+    def update_weights(self, named_tensors: Mapping[str, torch.Tensor]
+                       | Iterable[tuple[str, torch.Tensor]], version: int | None = None, *,
+                       in_flight: bool = False) -> None:
+        """Copy new weights into the model in place and stamp them with ``version``.
+
+        ``named_tensors``: a state dict, or an iterable of (name, tensor) pairs. Refused
+        while requests are in flight unless ``in_flight``: an in-flight update (called on
+        the engine's event loop, so between two decode steps) lets running requests
+        continue under the new weights, with the KV cache their earlier tokens left.
+        """
+        self._drop_cancelled()
+        if not in_flight and (self._pending or self._active):
             raise RuntimeError(
                 "TorchEngine.update_weights called while generations are in flight; "
-                "sync weights between collections"
+                "sync weights between collections (or pass in_flight=True)"
             )
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         with torch.no_grad():
-            self.model.load_state_dict(state_dict, strict=True)
+            self.model.load_state_dict(dict(items), strict=True)
+        if version is not None:
+            self.weight_version = version
 
     # ------------------------------------------------------------------ internals
+
+    def _drop_cancelled(self) -> None:
+        """Forget requests whose callers were cancelled: they no longer count as in flight."""
+        self._pending = [r for r in self._pending if not r.future.done()]
+        for slot, request in list(self._active.items()):
+            if request.future.cancelled():
+                del self._active[slot]
 
     def _check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:
@@ -182,6 +206,7 @@ class TorchEngine:
                                       request.generator)
         request.token_ids.append(token)
         request.logprobs.append(logprob)
+        request.versions.append(self.weight_version)
         if token in params.stop_token_ids or self._hit_stop_string(request):
             request.finish_reason = "stop"
         elif len(request.token_ids) >= request.max_tokens:
@@ -202,5 +227,6 @@ class TorchEngine:
             del self._active[slot]
             if not request.future.done():  # the caller may have been cancelled
                 request.future.set_result(
-                    Generation(request.token_ids, request.logprobs, request.finish_reason)
+                    Generation(request.token_ids, request.logprobs, request.finish_reason,
+                               versions=request.versions)
                 )
