@@ -45,7 +45,8 @@ def test_async_run_keeps_every_token_within_the_bound(tmp_path, model_dir) -> No
     out = tmp_path / "run"
     overrides = ["rollout.max_staleness=1", "rollout.inflight_updates=true",
                  'loss.objective="decoupled"', "loss.negative_advantage_veto=4.0",
-                 "loss.relaxed_clip_eps_high=0.5"]
+                 "loss.relaxed_clip_eps_high=0.5", 'optim.lr_scaling="sqrt"',
+                 "optim.lr_reference_batch=8"]
     argv = ["train", str(_config(tmp_path, model_dir, steps=4)), "--out", str(out)]
     assert main(argv + [a for o in overrides for a in ("--set", o)]) == 0
     metrics = _lines(out / "metrics.jsonl")
@@ -57,6 +58,8 @@ def test_async_run_keeps_every_token_within_the_bound(tmp_path, model_dir) -> No
         assert "loss/mismatch_scored" in m  # the decoupled objective's proximal pass
     assert metrics[0]["staleness/mean"] == 0.0  # the first collection: nothing to be behind
     assert [m["cumulative/rollouts"] for m in metrics] == [4, 8, 12, 16]
+    # square-root lr scaling: 1e-2 × sqrt(2 rollouts per update / 8), reached after warm-up
+    assert metrics[0]["optim/lr"] == pytest.approx(5e-3)
     trained = _lines(out / "trained_rollouts.jsonl")
     assert [t["step"] for t in trained] == [1, 2, 3, 4]
     ids = [r[0] for t in trained for r in t["rollouts"]]
