@@ -24,4 +24,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.config}: valid")
     print(describe_plan(plan_batches(config)))
     print(describe_lr(config))
+    rollout = config.rollout
+    if rollout.max_staleness:
+        inflight = ", weights swapped into running rollouts" if rollout.inflight_updates else ""
+        print(f"generation: asynchronous, at most {rollout.max_staleness} policy version(s) "
+              f"ahead of training{inflight}")
     return 0
