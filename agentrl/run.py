@@ -197,34 +197,42 @@ def build_run(
     if checkpoint is not None:
         state = load_training_state(checkpoint, optimizer, scheduler)
         sampler.load_state_dict(state.sampler)
-    engine = runner = collector = eval_engine = rollout_log = None
-    writers: Any = MultiWriter([])
+    main_parts: dict[str, Any] = {"engine": None, "runner": None, "writers": MultiWriter([])}
     if is_main:
-        asynchronous = config.rollout.max_staleness > 0
-        # with k >= 1 the trainer changes its weights while the engine generates: the
-        # engine gets its own copy, synced after every step
-        engine = build_engine(config, copy.deepcopy(model) if asynchronous else model,
-                              tokenizer, model_dir)
-        engine.weight_version = state.step
-        runner = build_runner(config, engine, tokenizer, sampler)
-        if asynchronous:
-            eval_engine = build_engine(config, model, tokenizer, model_dir)
-            collector = build_collector(config, runner, sampler, first_step=state.step + 1)
-        write_run_config(config, run_dir)
-        resume_step = state.step if resume else None
-        writers = build_writers(run_dir, config.train.num_steps, config.log.live,
-                                config.log.tensorboard, resume_step=resume_step)
-        rollout_log = JsonlWriter(run_dir / TRAINED_ROLLOUTS_FILE, resume_step=resume_step)
+        main_parts = build_main_parts(config, model, tokenizer, model_dir, sampler, state,
+                                      run_dir, resume)
     args = model.config
     cost = CostModel.from_model_args(
         args.hidden_size, args.num_hidden_layers, args.intermediate_size, args.vocab_size,
         num_kv_heads_ratio=args.num_key_value_heads / args.num_attention_heads)
     return Run(config=config, run_dir=run_dir, model=model, tokenizer=tokenizer,
-               tokenizer_dir=Path(model_dir), engine=engine, runner=runner, sampler=sampler,
-               optimizer=optimizer, scheduler=scheduler, writers=writers, state=state,
-               plan=plan_batches(config), cost=cost, process_group=process_group,
-               reference=reference, collector=collector, eval_engine=eval_engine,
-               rollout_log=rollout_log)
+               tokenizer_dir=Path(model_dir), sampler=sampler, optimizer=optimizer,
+               scheduler=scheduler, state=state, plan=plan_batches(config), cost=cost,
+               process_group=process_group, reference=reference, **main_parts)
+
+
+def build_main_parts(config: Config, model: Any, tokenizer: Any, model_dir: Path,
+                     sampler: EnvironmentSampler, state: TrainerState, run_dir: Path,
+                     resume: bool) -> dict[str, Any]:
+    """What rank 0 alone holds: the engine, the runner, the asynchronous collector (with
+    its own copy of the policy) and the writers, as ``Run`` fields."""
+    asynchronous = config.rollout.max_staleness > 0
+    # with k >= 1 the trainer changes its weights while the engine generates: the engine
+    # gets its own copy, synced after every step; validations use the trainer's weights
+    engine = build_engine(config, copy.deepcopy(model) if asynchronous else model,
+                          tokenizer, model_dir)
+    engine.weight_version = state.step
+    runner = build_runner(config, engine, tokenizer, sampler)
+    parts: dict[str, Any] = {"engine": engine, "runner": runner}
+    if asynchronous:
+        parts["eval_engine"] = build_engine(config, model, tokenizer, model_dir)
+        parts["collector"] = build_collector(config, runner, sampler, state.step + 1)
+    write_run_config(config, run_dir)
+    resume_step = state.step if resume else None
+    parts["writers"] = build_writers(run_dir, config.train.num_steps, config.log.live,
+                                     config.log.tensorboard, resume_step=resume_step)
+    parts["rollout_log"] = JsonlWriter(run_dir / TRAINED_ROLLOUTS_FILE, resume_step=resume_step)
+    return parts
 
 
 def training_device() -> torch.device:

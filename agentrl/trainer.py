@@ -2,13 +2,17 @@
 
 One *step* = one collection and its ``num_steps_per_rollout`` optimizer updates::
 
-    collect (runner: sampler → rollouts, dynamic sampling; rank 0, broadcast to all ranks)
+    collect (runner: sampler → rollouts, dynamic sampling; rank 0, broadcast to all ranks;
+             with rollout.max_staleness = k >= 1 the asynchronous collector generated it
+             ahead, by weights at most k versions old)
       → reassemble (rollouts → rows)  → advantages (one per rollout, broadcast to rows)
       → split into updates by rollout → pack into micro-batches (this rank's share)
-      → old-policy scoring pass (only when a collection has several updates)
+      → old-policy scoring pass (several updates per collection, or loss.objective =
+        "decoupled")
       → for each update: forward/backward (tokens and gradients summed over ranks),
         clip, AdamW step, lr schedule
-      → weight sync to the engine → metrics, validation, checkpoint
+      → weight sync to the engine (version = steps trained) → metrics (with staleness),
+        validation, checkpoint
 
 Setup lives in :mod:`agentrl.run` (``build_run``); this module only runs.
 """
