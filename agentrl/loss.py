@@ -5,6 +5,12 @@ generated valid tokens of the WHOLE optimizer update (all micro-batches, all ran
 each token weighs the same however the update is split, and the micro-batch losses (and
 figures) add up to the update's: no per-micro-batch mean, no division by accumulation
 steps (invariant 4 of the architecture).
+
+Off-policy corrections for stale data (asynchronous collection) are pieces of the same
+token loss, each off unless configured: the behaviour importance weight of
+``loss.objective`` (``BEHAVIOUR_WEIGHTS``: truncated IS, or AReaL's decoupled objective),
+relaxed clipping of stale tokens (``clip_bounds``) and the negative-advantage veto
+(``negative_advantage_veto``). None of them changes the token normalizer.
 """
 
 from __future__ import annotations
