@@ -39,12 +39,15 @@ SLOW_ENV = {"id": "bench.slow_tools:SlowToolCalculator", "name": "slow_calculato
 
 
 def bench_config(max_staleness: int, steps: int, quick: bool) -> Any:
-    """The quickstart config plus the slow-tool environment, without validations."""
+    """The quickstart config plus the slow-tool environment, validated at start and end."""
     raw = tomllib.loads((ROOT / "configs" / "quickstart.toml").read_text())
     raw["model"]["path"] = str(ROOT / raw["model"]["path"])
     raw["environments"][0]["weight"] = 2.0  # calculator : countdown : slow = 2 : 1 : 1
     raw["environments"].append(SLOW_ENV)
-    raw["train"].update(num_steps=steps, eval_every=0, checkpoint_every=0)
+    # one validation before and one after training (32 held-out tasks per environment),
+    # so that the report has accuracy points; their time is not counted as training
+    raw["train"].update(num_steps=steps, eval_every=steps, eval_tasks_per_env=32,
+                        checkpoint_every=0)
     raw["log"]["live"] = False
     raw["rollout"]["max_staleness"] = max_staleness
     if quick:
@@ -68,6 +71,7 @@ def summarize(records: list[dict[str, Any]], wall_s: float, asynchronous: bool) 
     if not records:
         raise ValueError("the run wrote no metrics")
     steps = [r for r in records if "reward/mean" in r]
+    wall_s -= sum(r.get("time/eval", 0.0) for r in records)  # validations are not training
 
     def total(key: str) -> float:
         return float(sum(r.get(key, 0.0) for r in steps))
@@ -85,6 +89,7 @@ def summarize(records: list[dict[str, Any]], wall_s: float, asynchronous: bool) 
         "staleness": float(np.mean([r.get("staleness/mean", 0.0) for r in steps])),
         "reward_first": float(np.mean(rewards[:third])),
         "reward_last": float(np.mean(rewards[-third:])),
+        "accuracy": [r["eval/accuracy"] for r in records if "eval/accuracy" in r],
         "rollouts": [r["cumulative/rollouts"] for r in steps],
         "rewards": rewards,
     }
@@ -94,11 +99,13 @@ def print_table(results: dict[int, dict]) -> None:
     """The side-by-side table, ratios against k = 0 (or the first k run)."""
     base = results[min(results)]["steps_per_min"]
     print(f"\n{'k':>2} {'steps/min':>10} {'× sync':>7} {'trainer idle':>13} "
-          f"{'engine idle':>12} {'staleness':>10} {'reward 1st⅓':>12} {'reward last⅓':>13}")
+          f"{'engine idle':>12} {'staleness':>10} {'reward 1st⅓':>12} {'reward last⅓':>13} "
+          f"{'accuracy':>14}")
     for k, r in sorted(results.items()):
+        accuracy = " → ".join(f"{a:.3f}" for a in r["accuracy"])
         print(f"{k:>2} {r['steps_per_min']:10.2f} {r['steps_per_min'] / base:7.2f} "
               f"{r['trainer_idle']:13.1%} {r['engine_idle']:12.1%} {r['staleness']:10.2f} "
-              f"{r['reward_first']:12.3f} {r['reward_last']:13.3f}")
+              f"{r['reward_first']:12.3f} {r['reward_last']:13.3f} {accuracy:>14}")
     print("\nreward/mean against cumulative rollouts (same rollouts for every k):")
     first = results[min(results)]
     marks = first["rollouts"][max(0, len(first["rollouts"]) // 4 - 1)::max(1, len(

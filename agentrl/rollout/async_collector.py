@@ -42,8 +42,10 @@ class AsyncCollector:
         self, runner: Any, sampler: Any, num_rollouts: int, max_staleness: int,
         first_step: int, last_step: int, inflight_updates: bool = False,
     ) -> None:
-        """Start producing collections ``first_step .. last_step`` of ``num_rollouts`` each
-        with ``runner`` (whose engine must not share the trainer's module)."""
+        """Produce collections ``first_step .. last_step`` of ``num_rollouts`` each with
+        ``runner`` (whose engine must not share the trainer's module), starting with the
+        first :meth:`next_collection` call: nothing is generated before training starts
+        (e.g. during the validation at step 0)."""
         if max_staleness < 1:
             raise ValueError(f"AsyncCollector needs max_staleness >= 1, got {max_staleness}; "
                              "use the synchronous loop for 0")
@@ -66,13 +68,14 @@ class AsyncCollector:
         self._task: asyncio.Task | None = None
         self._thread = threading.Thread(target=self._main, name="agentrl-collector",
                                         daemon=True)
-        self._thread.start()
 
     # ------------------------------------------------------------------ trainer side
 
     def next_collection(self, step: int) -> CollectionResult:
         """The collection of ``step``, once complete, with groups past the staleness bound
         dropped and counted (``agentrl.staleness``); raises what the collector raised."""
+        if self._thread.ident is None:
+            self._thread.start()
         with self._lock:
             while step not in self._ready:
                 if self._error is not None:
