@@ -5,12 +5,13 @@
 The quickstart mix (configs/quickstart.toml: Calculator with a tool and compaction,
 Countdown) plus ``SlowToolCalculator``, whose tool calls take 50 ms like a real API or
 sandbox (``bench/slow_tools.py``). Each k trains from the same warm start with the same
-seed (k >= 1 with the decoupled objective and the negative-advantage veto at 2), one after the other in this process, and the script prints per k: steps per
-minute and its ratio to the synchronous loop, the share of wall time the trainer sat idle
-(waiting for a collection) and the engine sat idle (nothing to generate: while the trainer
-trains, in the synchronous loop; waiting for new enough weights, with k >= 1), the mean
-staleness of trained tokens, and training reward against cumulative rollouts; and, from
-the synchronous run's phase times G (generate) and T (the rest), the speed-up bound
+seed (k >= 1 with the decoupled objective and the negative-advantage veto at 2), one
+after the other in this process. Printed per k: steps per minute and its ratio to the
+synchronous loop; the share of wall time the trainer sat idle (waiting for a collection)
+and the engine sat idle (nothing to generate: while the trainer trains, in the
+synchronous loop; waiting for new enough weights, with k >= 1); the mean staleness of
+trained tokens; training reward against cumulative rollouts. From the synchronous run's
+phase times G (generate) and T (the rest) it also prints the speed-up bound
 (G + T) / max(G, T) that overlapping reaches when engine and trainer have hardware of
 their own (on the shared CPU cores of a small machine they compete instead). Then
 ``agentrl report`` overlays the runs (``DIR/async.png``: reward against rollouts, tokens,
