@@ -73,3 +73,28 @@ def test_plan_prints_the_effective_lr(tmp_path, capsys):
     assert main(["plan", str(path), "--set", 'optim.lr_scaling="sqrt"',
                  "--set", "optim.lr_reference_batch=16"]) == 0
     assert "learning rate: 6e-06 (peak) = 3e-06 × sqrt(64 / 16)" in capsys.readouterr().out
+
+
+def test_the_async_bench_config_and_its_slow_tool_environment():
+    import asyncio
+    import importlib
+    import time
+
+    bench = importlib.import_module("bench.async")  # "async" is a keyword: no import stmt
+    sync, k2 = bench.bench_config(0, 3, quick=True), bench.bench_config(2, 3, quick=True)
+    assert [e.display_name() for e in k2.environments] == ["calculator", "countdown",
+                                                           "slow_calculator"]
+    assert (sync.loss.objective, k2.loss.objective) == ("ppo", "decoupled")
+    assert k2.rollout.max_staleness == 2 and k2.train.num_steps == 3
+
+    from agentrl.registry import make
+
+    env = make("bench.slow_tools:SlowToolCalculator", max_number=9, latency_s=0.3)
+    env.reset(seed=1)
+    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "3+4"}}</tool_call>'
+    start = time.perf_counter()
+    observation, *_ = asyncio.run(env.astep(call))
+    assert time.perf_counter() - start >= 0.3 and observation[0].content == "7"
+    start = time.perf_counter()
+    _, _, terminated, _, _ = asyncio.run(env.astep("7"))  # a final answer: no tool, no wait
+    assert terminated and time.perf_counter() - start < 0.3
