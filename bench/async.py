@@ -1,6 +1,7 @@
 """Synchronous vs asynchronous training (rollout.max_staleness = 0, 1, 2), side by side.
 
-    python -m bench.async [--quick] [--steps N] [--repeats R] [--out DIR] [--ks 0,1,2]
+    python -m bench.async [--quick] [--steps N] [--repeats R] [--threads T] [--out DIR]
+                          [--ks 0,1,2]
 
 The quickstart mix (configs/quickstart.toml: Calculator with a tool and compaction,
 Countdown) plus ``SlowToolCalculator``, whose tool calls take 50 ms like a real API or
@@ -16,6 +17,10 @@ phase times G (generate) and T (the rest) it also prints the speed-up bound
 their own (on the shared CPU cores of a small machine they compete instead). Then
 ``agentrl report`` overlays the runs (``DIR/async.png``: reward against rollouts, tokens,
 updates and active time).
+
+``--threads 1`` runs every torch op single-threaded: on a 2-core machine the synchronous
+loop then uses one core while the engine and the trainer of k >= 1 get one core each, a
+stand-in for engine and trainer on hardware of their own.
 
 ``--quick``: 8 groups per collection and 8 steps per k (a few minutes on 2 CPU cores);
 the default is the quickstart's 16 groups and 30 steps. ``--repeats R`` runs the k in
@@ -136,7 +141,15 @@ def main() -> None:
     parser.add_argument("--ks", default="0,1,2", help="max_staleness values to compare")
     parser.add_argument("--repeats", type=int, default=1,
                         help="rounds over the k; the median round is reported per k")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's); 1 gives the engine "
+                             "and the trainer one core each on a 2-core machine, a stand-in "
+                             "for hardware of their own")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     steps = args.steps or (8 if args.quick else 30)
     out = Path(args.out)
     ks = [int(x) for x in args.ks.split(",")]
