@@ -169,7 +169,7 @@ def collection_figures(dropped: dict[str, dict[str, int]], num_rounds: int,
 
 
 LOSS_FIGURES = ("loss", "policy_loss", "kl_loss", "clip_frac_low", "clip_frac_high",
-                "approx_kl", "entropy", "mismatch", "tis_weight")
+                "approx_kl", "entropy", "mismatch", "tis_weight", "veto_frac")
 
 
 def loss_figures(updates: Sequence[Any]) -> dict[str, float]:

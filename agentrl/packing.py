@@ -23,6 +23,7 @@ import msgspec
 import numpy as np
 import torch
 
+from agentrl.staleness import token_versions
 from agentrl.types import Row
 
 
@@ -233,6 +234,10 @@ class MicroBatch(msgspec.Struct, kw_only=True):
     """[1, T] float32: the row's advantage on every loss-mask position, 0 elsewhere."""
     ref_logprobs: torch.Tensor | None = None
     """[1, T] float32: the reference model's log-probs, for the KL term (optional)."""
+    ages: torch.Tensor | None = None
+    """[1, T] int64: policy versions between each target's generating weights and the
+    weights being trained (0 = on-policy; 0 where nothing is trained); None when the
+    trained version was not given to ``collate``."""
     num_rows: int = 0
     num_tokens: int = 0
     """Positions with loss mask 1: this micro-batch's share of the update's token count."""
@@ -248,15 +253,18 @@ class MicroBatch(msgspec.Struct, kw_only=True):
 
 
 def collate(
-    rows: Sequence[Row], advantages: Sequence[float], indices: Sequence[int]
+    rows: Sequence[Row], advantages: Sequence[float], indices: Sequence[int],
+    trained_version: int | None = None,
 ) -> MicroBatch:
     """Concatenate ``rows[indices]`` into one MicroBatch (no Python loop over tokens).
 
     An empty ``indices`` gives a one-token micro-batch with mask 0, so a rank with
     nothing left to train still runs the same forward/backward calls as the others.
+    ``trained_version``: the policy version being trained; given, the rows' version runs
+    are expanded into per-target ``ages``.
     """
     if not indices:
-        return _empty_micro_batch()
+        return _empty_micro_batch(trained_version)
     chosen = [rows[i] for i in indices]
     lengths = torch.tensor([len(r.token_ids) for r in chosen], dtype=torch.int64)
     for i, r in zip(indices, chosen, strict=True):
@@ -283,6 +291,11 @@ def collate(
     targets = torch.roll(ids, -1).masked_fill(is_last, 0)
     target_mask = torch.roll(mask, -1).masked_fill(is_last, 0.0) * valid[row_of]
     target_logprobs = torch.roll(logprobs, -1).masked_fill(is_last, 0.0) * target_mask
+    ages = None
+    if trained_version is not None:
+        versions = torch.cat([token_versions(r.version_runs, len(r.token_ids), trained_version)
+                              for r in chosen])
+        ages = (trained_version - torch.roll(versions, -1)) * target_mask.long()
     return MicroBatch(
         input_ids=ids[None],
         position_ids=positions[None],
@@ -292,12 +305,13 @@ def collate(
         engine_logprobs=target_logprobs[None],
         old_logprobs=target_logprobs[None].clone(),
         advantages=(adv[row_of] * target_mask)[None],
+        ages=None if ages is None else ages[None],
         num_rows=len(chosen),
         num_tokens=int(target_mask.sum()),
     )
 
 
-def _empty_micro_batch() -> MicroBatch:
+def _empty_micro_batch(trained_version: int | None = None) -> MicroBatch:
     zeros_f = torch.zeros(1, 1)
     zeros_i = torch.zeros(1, 1, dtype=torch.int64)
     return MicroBatch(
@@ -309,6 +323,7 @@ def _empty_micro_batch() -> MicroBatch:
         engine_logprobs=zeros_f.clone(),
         old_logprobs=zeros_f.clone(),
         advantages=zeros_f.clone(),
+        ages=None if trained_version is None else zeros_i.clone(),
         num_rows=0,
         num_tokens=0,
     )

@@ -34,6 +34,7 @@ def to_rows(rollouts: Iterable[Rollout]) -> list[Row]:
                     reward=rollout.reward,
                     valid=valid,
                     num_prompt_tokens=segment.num_prompt_tokens,
+                    version_runs=segment.version_runs,
                 )
             )
     return rows

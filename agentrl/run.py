@@ -28,15 +28,16 @@ from agentrl.accounting import BatchPlan, plan_batches
 from agentrl.checkpoint import TrainerState, latest_checkpoint, load_training_state
 from agentrl.config import Config
 from agentrl.memory.plan import resolve_activation_checkpointing
-from agentrl.metric_writers import MultiWriter, build_writers
+from agentrl.metric_writers import JsonlWriter, MultiWriter, build_writers
 from agentrl.packing import CostModel
 from agentrl.parallel import groups
 from agentrl.parallel.fsdp import compute_dtype, iter_full_parameters, load_sharded
 from agentrl.parallel.timeouts import Timeouts, timeouts
 from agentrl.sampler import EnvironmentSampler
-from agentrl.schedule import build_optimizer, build_scheduler
+from agentrl.schedule import build_optimizer, build_scheduler, effective_lr
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+TRAINED_ROLLOUTS_FILE = "trained_rollouts.jsonl"
 
 
 @dataclass
@@ -47,17 +48,11 @@ class Run:
     run_dir: Path
     model: Any
     """The policy, FSDP2-sharded over all ranks (fp32 master weights)."""
-    tokenizer: Any
-    """Rank 0 only (None on other ranks)."""
     tokenizer_dir: Path
     """Folder whose tokenizer files every checkpoint copies."""
-    engine: Any
-    """The inference engine (rank 0 only; None on other ranks)."""
-    runner: Any
     sampler: EnvironmentSampler
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    writers: Any
     state: TrainerState
     plan: BatchPlan
     cost: CostModel
@@ -67,8 +62,18 @@ class Run:
     reference: Any = None
     """Frozen initial model for the KL term (only when loss.kl_coef != 0), sharded."""
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+    # rank 0 only (None on the other ranks):
+    tokenizer: Any = None
+    engine: Any = None
+    """The inference replicas behind a router."""
+    runner: Any = None
+    collector: Any = None
+    """The asynchronous collector (rollout.max_staleness >= 1), else None."""
+    writers: Any = field(default_factory=lambda: MultiWriter([]))
     rollout_log: Any = None
-    """Writes sampled rollouts as transcripts (rank 0 only; None elsewhere)."""
+    """Writes sampled rollouts as transcripts."""
+    trained_log: Any = None
+    """``RUN_DIR/trained_rollouts.jsonl``: which rollouts every step trained."""
 
     @property
     def rank(self) -> int:
@@ -96,6 +101,8 @@ class Run:
         from agentrl.rollout.runner import CollectionResult
 
         def work() -> Any:
+            if self.collector is not None:  # generated ahead, at most k versions old
+                return self.collector.next_collection(step)
             result = self.loop.run_until_complete(
                 self.runner.collect(step, self.plan.num_rollouts))
             self.engine.release_memory()  # colocated replicas sleep while training
@@ -115,9 +122,8 @@ class Run:
 
         def work() -> dict[str, float]:
             start = time.perf_counter()
-            accuracy = self.loop.run_until_complete(
-                evaluate(self.engine, self.tokenizer, self.config,
-                         self.config.train.eval_tasks_per_env))
+            accuracy = self.run_on_engine_loop(lambda: evaluate(
+                self.engine, self.tokenizer, self.config, self.config.train.eval_tasks_per_env))
             return {**eval_metrics(accuracy), "time/eval": time.perf_counter() - start}
 
         return self.on_main(f"validation/{step}", work) or {}
@@ -148,8 +154,45 @@ class Run:
         if self.engine is None:
             for _ in tensors:  # ranks 1..N: take part in each gather
                 pass
-            return
-        self.engine.update_weights(tensors, version)
+        elif self.collector is not None:  # generating meanwhile: hand over a snapshot
+            snapshot = {name: tensor.clone() for name, tensor in tensors}
+            self.collector.publish(snapshot, self.state.step if version is None else version)
+        else:
+            self.engine.update_weights(tensors, version)
+
+    def run_on_engine_loop(self, make_coroutine: Any) -> Any:
+        """Run an engine-using coroutine (a validation) where the engine runs: on the
+        asynchronous collector's loop while it generates (validation then shares the
+        engine and its weights, up to max_staleness versions old), else on ``loop``."""
+        if self.collector is not None:
+            done, result = self.collector.run_on_loop(make_coroutine)
+            if done:
+                return result
+        return self.loop.run_until_complete(make_coroutine())
+
+    def sampler_state(self) -> dict[str, Any]:
+        """The sampler state a checkpoint after this step stores: from before the next
+        collection drew its tasks (asynchronous collection has already drawn ahead)."""
+        if self.collector is not None:
+            return self.collector.sampler_state_before(self.state.step + 1)
+        return self.sampler.state_dict()
+
+    def record_trained(self, step: int, groups: list[Any]) -> None:
+        """One line in ``trained_rollouts.jsonl``: the rollouts ``step`` trained on, with
+        their group's environment and task seed and their policy versions (rank 0)."""
+        if self.trained_log is not None:
+            self.trained_log.write({"step": step, "rollouts": [
+                [r.rollout_id, g.env, g.task_seed, [run for seg in r.segments
+                                                     for run in seg.version_runs]]
+                for g in groups for r in g.rollouts]})
+
+    def close(self) -> None:
+        """Stop the collector (discarding in-flight generations) and close the logs."""
+        if self.collector is not None:
+            self.collector.close()
+        if self.trained_log is not None:
+            self.trained_log.close()
+        self.writers.close()
 
 
 def eval_metrics(accuracy: dict[str, float]) -> dict[str, float]:
@@ -192,7 +235,7 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
                                  device)
         reference.requires_grad_(False)
     configure_memory(config, model, reference, device)
-    optimizer = build_optimizer(model, config.optim)
+    optimizer = build_optimizer(model, config.optim, lr=effective_lr(config))
     scheduler = build_scheduler(optimizer, config.optim)
     sampler = EnvironmentSampler(
         {env.display_name(): env.weight for env in config.environments}, config.train.seed
@@ -207,37 +250,42 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
         "setup/engine", lambda: _main_side(config, run_dir, model, model_dir, sampler, state,
                                            resume, group),
         limits.wait_for_rank0_s, group)
-    tokenizer, engine, runner, writers, rollout_log = main_side or (
-        None, None, None, MultiWriter([]), None)
+    main_parts = main_side or {}
     args = model.config
     cost = CostModel.from_model_args(
         args.hidden_size, args.num_hidden_layers, args.intermediate_size, args.vocab_size,
         num_kv_heads_ratio=args.num_key_value_heads / args.num_attention_heads)
-    run = Run(config=config, run_dir=run_dir, model=model, tokenizer=tokenizer,
-              tokenizer_dir=model_dir, engine=engine, runner=runner, sampler=sampler,
-              optimizer=optimizer, scheduler=scheduler, writers=writers, state=state,
+    run = Run(config=config, run_dir=run_dir, model=model, tokenizer_dir=model_dir,
+              sampler=sampler, optimizer=optimizer, scheduler=scheduler, state=state,
               plan=plan_batches(config), cost=cost, timeouts=limits, compute_dtype=compute,
-              process_group=group, reference=reference, rollout_log=rollout_log)
+              process_group=group, reference=reference, **main_parts)
     run.first_sync()
     return run
 
 
 def _main_side(config: Config, run_dir: Path, model: Any, model_dir: Path,
                sampler: EnvironmentSampler, state: TrainerState, resume: bool,
-               group: dist.ProcessGroup) -> tuple[Any, Any, Any, Any, Any]:
-    """Rank 0's part of a run: (tokenizer, engine, runner, writers, rollout sample log)."""
+               group: dist.ProcessGroup) -> dict[str, Any]:
+    """Rank 0's part of a run, as ``Run`` fields: the tokenizer, the engine replicas, the
+    runner, the asynchronous collector (rollout.max_staleness >= 1) and the writers."""
     from agentrl.model import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     engine = build_engine(config, model, tokenizer, model_dir,
                           num_training_gpus=training_gpus_here(group))
     runner = build_runner(config, engine, tokenizer, sampler)
+    collector = None
+    if config.rollout.max_staleness > 0:
+        collector = build_collector(config, runner, sampler, state.step + 1)
     write_run_config(config, run_dir)
     resume_step = state.step if resume else None
-    writers = build_writers(run_dir, config.train.num_steps, config.log.live,
-                            config.log.tensorboard, resume_step=resume_step)
-    rollout_log = build_rollout_log(config, run_dir, tokenizer, resume_step)
-    return tokenizer, engine, runner, writers, rollout_log
+    return {
+        "tokenizer": tokenizer, "engine": engine, "runner": runner, "collector": collector,
+        "writers": build_writers(run_dir, config.train.num_steps, config.log.live,
+                                 config.log.tensorboard, resume_step=resume_step),
+        "rollout_log": build_rollout_log(config, run_dir, tokenizer, resume_step),
+        "trained_log": JsonlWriter(run_dir / TRAINED_ROLLOUTS_FILE, resume_step=resume_step),
+    }
 
 
 def training_gpus_here(group: dist.ProcessGroup | None) -> int:
@@ -319,6 +367,16 @@ def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path | s
 
     return build_engines(config, model_dir, tokenizer, model.config.max_position_embeddings,
                          num_training_gpus=num_training_gpus)
+
+
+def build_collector(config: Config, runner: Any, sampler: EnvironmentSampler,
+                    first_step: int) -> Any:
+    """The asynchronous collector producing steps ``first_step ..`` (max_staleness >= 1)."""
+    from agentrl.rollout.async_collector import AsyncCollector
+
+    return AsyncCollector(runner, sampler, plan_batches(config).num_rollouts,
+                          config.rollout.max_staleness, first_step, config.train.num_steps,
+                          inflight_updates=config.rollout.inflight_updates)
 
 
 def build_runner(config: Config, engine: Any, tokenizer: Any,

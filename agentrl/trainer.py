@@ -2,13 +2,17 @@
 
 One *step* = one collection and its ``num_steps_per_rollout`` optimizer updates::
 
-    collect (runner: sampler → rollouts, dynamic sampling; rank 0, broadcast to all ranks)
+    collect (runner: sampler → rollouts, dynamic sampling; rank 0, broadcast to all ranks;
+             with rollout.max_staleness = k >= 1 the asynchronous collector generated it
+             ahead, by weights at most k versions old)
       → reassemble (rollouts → rows)  → advantages (one per rollout, broadcast to rows)
       → split into updates by rollout → pack into micro-batches (this rank's share)
-      → old-policy scoring pass (only when a collection has several updates)
+      → old-policy scoring pass (several updates per collection, or loss.objective =
+        "decoupled")
       → for each update: forward/backward (FSDP2: tokens counted and gradients summed
         over ranks), clip, AdamW step on the fp32 shards, lr schedule
-      → weight sync to the engine → metrics, validation (rank 0), checkpoint
+      → weight sync to the engine (version = steps trained) → metrics (with staleness),
+        validation (rank 0), checkpoint
 
 Setup lives in :mod:`agentrl.run` (``build_run``); this module only runs.
 """
@@ -28,6 +32,7 @@ import torch
 
 from agentrl.advantage import compute_advantages
 from agentrl.checkpoint import TrainerState, save_checkpoint
+from agentrl.loss import scores_proximal_policy
 from agentrl.metrics import (
     collection_figures,
     loss_figures,
@@ -40,6 +45,7 @@ from agentrl.parallel.fsdp import clip_grad_norm
 from agentrl.reassembler import to_rows
 from agentrl.rollout.health import InvalidRateMonitor, invalid_figures
 from agentrl.run import Run
+from agentrl.staleness import asynchronous_figures, staleness_figures
 from agentrl.types import Rollout, Row
 from agentrl.update import (
     UpdateStats,
@@ -84,11 +90,12 @@ def train(run: Run) -> TrainerState:
             run.writers.write(metrics)
             last = step == cfg.num_steps
             if last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
-                run.state.sampler = run.sampler.state_dict()
+                run.state.sampler = run.sampler_state()
                 save_checkpoint(run.run_dir, run.state, run.model, run.optimizer,
                                 run.scheduler, tokenizer_dir=run.tokenizer_dir)
+        run.on_main("finished", lambda: None)  # ranks leave once rank 0 wrote everything
     finally:
-        run.writers.close()
+        run.close()
     return run.state
 
 
@@ -112,18 +119,24 @@ def train_step(run: Run, step: int,
     with timer("train"):
         updates, figures = run_updates(run, rows, advantages)
     with timer("sync"):
-        run.sync_weights()
+        run.sync_weights(version=step)
+    run.record_trained(step, collection.groups)
     advance_counters(run.state, rollouts, timer)
     metrics: dict[str, Any] = step_stats(step, rollouts).to_flat_dict()
     metrics.update(rollout_figures(rollouts))
+    metrics.update(staleness_figures(rollouts, trained_version=step - 1))
     for name in sorted({r.env for r in rollouts}):
-        metrics.update(rollout_figures([r for r in rollouts if r.env == name], f"env/{name}/"))
+        mine = [r for r in rollouts if r.env == name]
+        metrics.update(rollout_figures(mine, f"env/{name}/"))
+        metrics.update(staleness_figures(mine, step - 1, f"env/{name}/"))
     metrics.update(loss_figures(updates))
     metrics.update(figures)
     metrics.update(collection_figures(collection.dropped, collection.num_rounds,
                                       collection.fallback_groups))
     metrics.update(sample_figures)
     metrics.update(invalid_figures(collection.invalid))
+    if run.collector is not None:
+        metrics.update(asynchronous_figures(collection.stale_dropped, collection.engine_idle_s))
     metrics.update(cumulative(run.state))
     metrics.update({f"time/{phase}": s for phase, s in timer.seconds.items()})
     return metrics
@@ -166,7 +179,8 @@ def micro_batches(run: Run, rows: list[Row], advantages: list[float]) -> list[li
     for chunk in split_by_rollout(rows, num_updates):
         lengths = [len(rows[i].token_ids) for i in chunk]
         mine = plan_micro_batches(lengths, budget, run.world_size, run.cost)[run.rank]
-        batches.append([collate(rows, advantages, [chunk[j] for j in mb]) for mb in mine])
+        batches.append([collate(rows, advantages, [chunk[j] for j in mb], run.state.step)
+                        for mb in mine])
     return batches
 
 
@@ -180,9 +194,9 @@ def run_updates(
     if run.reference is not None:  # kl_coef != 0: the KL term needs π_ref at every token
         batches = [with_logprobs(batch, score(run.reference, batch, temperature),
                                  "ref_logprobs") for batch in batches]
-    if len(batches) > 1 and run.config.loss.old_logprobs == "score":
-        # the old policy is the one that generated: score every update's rows before the
-        # first optimizer step changes the weights
+    if scores_proximal_policy(run.config.loss, len(batches)):
+        # the old (proximal) policy: the weights before this step's first optimizer
+        # update; score every update's rows before it changes them
         flat = [mb for batch in batches for mb in batch]
         scored = score(run.model, flat, temperature)
         figures["loss/mismatch_scored"] = _mismatch(run, flat, scored)

@@ -40,6 +40,12 @@ class Segment(msgspec.Struct):
     num_prompt_tokens: int
     valid: bool = True
     """False when something went wrong inside this segment; masks the whole rollout."""
+    version_runs: list[tuple[int, int]] = []
+    """Which policy version generated each token, run-length encoded: ``(start, version)``
+    pairs, sorted by start; the generated tokens from ``start`` up to the next pair's
+    start came from weights ``version`` (a version counts completed training steps).
+    Empty when not recorded (batches saved before versions existed). See
+    ``agentrl.staleness``."""
 
     @property
     def num_generated_tokens(self) -> int:
@@ -108,6 +114,8 @@ class Group(msgspec.Struct):
     group_id: str
     env: str
     rollouts: list[Rollout]
+    task_seed: int | None = None
+    """The seed that fixed the group's task (None when unknown)."""
 
 
 class Row(msgspec.Struct):
@@ -126,6 +134,8 @@ class Row(msgspec.Struct):
     reward: float
     valid: bool = True
     num_prompt_tokens: int = 0
+    version_runs: list[tuple[int, int]] = []
+    """The segment's policy versions, run-length encoded (see ``Segment.version_runs``)."""
 
     @property
     def num_generated_tokens(self) -> int:

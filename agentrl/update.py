@@ -54,11 +54,13 @@ class UpdateStats(msgspec.Struct):
     """Generated valid tokens of the update, all ranks: the loss's denominator."""
     num_micro_batches: int
     """Micro-batches on this rank."""
+    veto_frac: float = 0.0
+    """Share of the update's tokens the negative-advantage veto took out of the gradient."""
 
 
 _FIGURES = (
     "policy_loss", "kl_loss", "clip_frac_low", "clip_frac_high", "approx_kl", "mismatch",
-    "tis_weight",
+    "tis_weight", "veto_frac",
 )
 
 
@@ -105,6 +107,7 @@ def forward_backward(
         loss, parts = policy_loss(
             logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, denominator, cfg,
             engine_logprobs=mb.engine_logprobs, ref_logprobs=mb.ref_logprobs,
+            ages=mb.ages, cu_seqlens=mb.cu_seqlens,
         )
         loss.backward()
         sums += _figures(parts, token_entropy, mb.loss_mask, denominator)

@@ -33,9 +33,16 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.accounting import describe_plan, plan_batches
     from agentrl.config import load_config
     from agentrl.preflight import run_checks
+    from agentrl.schedule import describe_lr
 
     config = load_config(args.config, args.overrides)
     print(describe_plan(plan_batches(config)))
+    print(describe_lr(config))
+    rollout = config.rollout
+    if rollout.max_staleness:
+        inflight = ", weights swapped into running rollouts" if rollout.inflight_updates else ""
+        print(f"generation: asynchronous, at most {rollout.max_staleness} policy version(s) "
+              f"ahead of training{inflight}")
     fits = True if args.gpu_memory is None else _memory_plan(config, args)
     print("checks:")
     for line in run_checks(config):

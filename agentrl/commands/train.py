@@ -39,7 +39,6 @@ def run(args: argparse.Namespace) -> int:
     that will."""
     from agentrl.accounting import describe_plan, plan_batches
     from agentrl.config import load_config
-    from agentrl.parallel.groups import get_rank
     from agentrl.parallel.launch import check_rank_count, launch_local_ranks, needs_local_launch
 
     config = load_config(args.config, args.overrides)
@@ -50,10 +49,10 @@ def run(args: argparse.Namespace) -> int:
         _preflight(config, out, args.resume)
         return launch_local_ranks(config.train.num_ranks, _command_line(args, out),
                                   stopped_status=STOPPED)
-    state = _train(config, out, args.resume)
+    state, rank = _train(config, out, args.resume)
     if state is None:  # stopped: an environment is mostly broken (summary printed)
         return STOPPED
-    if get_rank() == 0:
+    if rank == 0:
         print(f"done: {state.step} steps, {state.cumulative_rollouts} rollouts, "
               f"{state.num_updates} updates; metrics in {out / 'metrics.jsonl'}, "
               f"checkpoints in {out / 'checkpoints'}")
@@ -74,7 +73,8 @@ def _preflight(config: Any, out: Path, resume: bool) -> None:
             print(f"removed {stale}: a partial checkpoint left by a killed run")
 
 
-def _train(config: Any, out: Path, resume: bool) -> Any:
+def _train(config: Any, out: Path, resume: bool) -> tuple[Any, int]:
+    """Train on this rank; (the final state or None when stopped, this rank)."""
     from agentrl.accounting import describe_plan, plan_batches
     from agentrl.parallel import groups
     from agentrl.parallel.timeouts import timeouts
@@ -95,11 +95,11 @@ def _train(config: Any, out: Path, resume: bool) -> Any:
                   f"{str(run_.compute_dtype).removeprefix('torch.')}, fp32 master weights")
             if resume:
                 print(f"resuming {out} at step {run_.state.step}")
-        return train(run_)
+        return train(run_), groups.get_rank()
     except RunStopped as exc:  # an environment is mostly broken: a summary, not a traceback
         if groups.get_rank() == 0:
             print(f"stopped: {exc}", file=sys.stderr)
-        return None
+        return None, groups.get_rank()
     finally:
         groups.destroy_process_group()
 

@@ -113,13 +113,15 @@ class EngineRouter:
         for replica in self.replicas:
             replica.weight_version = version
 
-    def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> None:
-        """Push new weights to every replica in service, bucket by bucket, in one pass."""
+    def update_weights(self, named_tensors: NamedTensors, version: int | None = None, *,
+                       in_flight: bool = False) -> None:
+        """Push new weights to every replica in service, bucket by bucket, in one pass;
+        ``in_flight``: replicas keep their running requests (built-in replicas only)."""
         healthy = [self.replicas[i] for i in self._healthy()]
         if self._asleep:
             self._wake(["weights"])  # vLLM: weights back on the GPU, KV cache still free
         push_weights(healthy, named_tensors, next_version(self.weight_version, version),
-                     self.bucket_bytes, self.weight_dtype)
+                     self.bucket_bytes, self.weight_dtype, in_flight=in_flight)
 
     def release_memory(self) -> None:
         """Colocated placement: every replica sleeps until the next sync or generation."""

@@ -32,8 +32,9 @@ class WeightReceiver(Protocol):
     sync_timeout_s: float
     """Seconds one call of a sync may take before the sync fails."""
 
-    def start_weight_update(self) -> None:
-        """Begin a session (refused while generations are in flight)."""
+    def start_weight_update(self, in_flight: bool = False) -> None:
+        """Begin a session (refused while generations are in flight unless ``in_flight``
+        and the replica can swap weights between two decode steps)."""
         ...
 
     def load_bucket(self, bucket: Bucket) -> None:
@@ -68,11 +69,16 @@ def buckets(pairs: Iterable[tuple[str, torch.Tensor]], max_bytes: int,
 def push_weights(
     receivers: Sequence[WeightReceiver], named_tensors: NamedTensors, version: int,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: torch.dtype | None = None,
+    in_flight: bool = False,
 ) -> int:
-    """Run one sync session on every receiver; returns the bytes sent to each."""
+    """Run one sync session on every receiver; returns the bytes sent to each.
+    ``in_flight``: the receivers keep their running requests (asynchronous collection)."""
     if not receivers:
         raise ValueError("push_weights needs at least one replica")
-    on_all(receivers, "start", lambda r: r.start_weight_update())
+    if in_flight:
+        on_all(receivers, "start", lambda r: r.start_weight_update(in_flight=True))
+    else:
+        on_all(receivers, "start", lambda r: r.start_weight_update())
     sent = 0
     for bucket in buckets(named_pairs(named_tensors), bucket_bytes, dtype):
         on_all(receivers, "load", lambda r, b=bucket: r.load_bucket(b))

@@ -84,13 +84,15 @@ def chunked_target_logprobs(
                          f"{tuple(hidden.shape[:-1])}, one target per position")
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     logprobs, entropy = _ChunkedHead.apply(
-        flat_hidden, weight, targets.reshape(-1), temperature, chunk
+        flat_hidden, weight, targets.reshape(-1), temperature, chunk, tuple(targets.shape)
     )
-    return TokenScores(logprobs.view(targets.shape), entropy.view(targets.shape))
+    return TokenScores(logprobs, entropy)
 
 
 class _ChunkedHead(torch.autograd.Function):
-    """hidden [N, H], weight [V, H], targets [N] → (log-probs [N], entropy [N]).
+    """hidden [N, H], weight [V, H], targets [N] → (log-probs, entropy), each [N] laid out
+    in ``shape`` (the targets' own shape: returned as fresh tensors, never views, which
+    FSDP2 wants of a module's outputs).
 
     Saved for backward: hidden, weight (a parameter), targets and logsumexp [N] float32.
     Backward recomputes each chunk's logits: d logprob / d z = onehot(target) − softmax(z),
@@ -100,11 +102,12 @@ class _ChunkedHead(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
-        chunk: int,
+        chunk: int, shape: tuple[int, ...],
     ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
-        logprobs = hidden.new_empty(n, dtype=torch.float32)
-        entropy = torch.empty_like(logprobs)
+        logprobs_out = hidden.new_empty(shape, dtype=torch.float32)
+        entropy_out = torch.empty_like(logprobs_out)
+        logprobs, entropy = logprobs_out.view(-1), entropy_out.view(-1)
         lse = torch.empty_like(logprobs)
         for start in range(0, n, chunk):
             end = min(start + chunk, n)
@@ -116,14 +119,15 @@ class _ChunkedHead(torch.autograd.Function):
             del z
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
-        ctx.mark_non_differentiable(entropy)
-        return logprobs, entropy
+        ctx.mark_non_differentiable(entropy_out)
+        return logprobs_out, entropy_out
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, grad_logprobs: Tensor, _grad_entropy: Tensor | None
-    ) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None]:
         hidden, weight, targets, lse = ctx.saved_tensors
+        grad_logprobs = grad_logprobs.reshape(-1)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight: Tensor | None = None
         scale = temperature_scale(ctx.temperature)
@@ -142,7 +146,7 @@ class _ChunkedHead(torch.autograd.Function):
             del z, g
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def _accumulate(total: Tensor | None, a: Tensor, b: Tensor) -> Tensor:

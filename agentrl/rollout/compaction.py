@@ -28,6 +28,7 @@ from agentrl.config import CompactionConfig
 from agentrl.rollout.context import ChatContext, Turn
 from agentrl.rollout.engine import InferenceEngine, SamplingParams
 from agentrl.rollout.segment_builder import SegmentBuilder
+from agentrl.staleness import generation_versions
 
 SUMMARY_REQUEST = (
     "Your context is full. Summarize everything you need to continue this task: what the "
@@ -130,7 +131,8 @@ class Summarize:
         )
         summary = await self.engine.generate(list(segment.token_ids), summary_params,
                                              key=self.key)
-        segment.add_generated(summary.token_ids, summary.logprobs)
+        segment.add_generated(summary.token_ids, summary.logprobs,
+                              generation_versions(summary, self.engine))
         text = context.assistant_text(summary.token_ids, self.stop_ids)
         head = [*self.original_head,
                 {"role": "user", "content": f"Summary of your earlier progress:\n{text}"}]

@@ -1,15 +1,18 @@
 """A batch as a worked example: groups, rollouts, rows, reward copies, baselines, advantages.
 
 Each rollout reads like "rollout s0-g0-r0 · reward 1.0 · 4 rows · 7 generated tokens →
-+0.5": compaction changes the number of rows, never how much the rollout counts.
++0.5": compaction changes the number of rows, never how much the rollout counts. Each
+row ends with the policy versions that generated its tokens ("policy v3 ×5, v4 ×2") when
+they were recorded: several versions in one rollout come from asynchronous collection.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from agentrl.advantage import rollout_advantages
 from agentrl.reassembler import to_rows
+from agentrl.staleness import token_versions
 from agentrl.types import Rollout, Row
 
 
@@ -56,9 +59,18 @@ def _rollout_lines(rollout: Rollout, rows: list[Row], adv) -> list[str]:
         lines.append(
             f"    row {row.segment}: {len(row.token_ids)} tokens ({row.num_prompt_tokens} "
             f"prompt, {row.num_generated_tokens} generated) · reward copy {row.reward:g} · "
-            f"advantage {adv.advantage:+.3g} on each generated token"
+            f"advantage {adv.advantage:+.3g} on each generated token{_versions_text(row)}"
         )
     return lines
+
+
+def _versions_text(row: Row) -> str:
+    """" · policy v3 ×5, v4 ×2": generated tokens per policy version ("" if unrecorded)."""
+    if not row.version_runs:
+        return ""
+    versions = token_versions(row.version_runs, len(row.token_ids), -1)
+    counts = Counter(v for v, m in zip(versions.tolist(), row.loss_mask, strict=True) if m)
+    return " · policy " + ", ".join(f"v{v} ×{n}" for v, n in sorted(counts.items()))
 
 
 def _totals(rollouts: list[Rollout], rows: list[Row]) -> str:

@@ -44,6 +44,10 @@ class Generation(msgspec.Struct):
     logprobs: list[float]
     """Log-prob of each sampled token under the engine's (unmodified) distribution."""
     finish_reason: Literal["stop", "length"]
+    versions: list[int] = []
+    """Policy version of each sampled token, from engines that swap weights between
+    decode steps (in-flight updates); empty: every token came from the engine's
+    ``weight_version`` when the call returned."""
 
 
 class WeightSyncError(RuntimeError):

@@ -31,6 +31,7 @@ from agentrl.rollout.engine import InferenceEngine, SamplingParams
 from agentrl.rollout.env_contract import EnvError
 from agentrl.rollout.env_guard import GuardedEnv
 from agentrl.rollout.segment_builder import SegmentBuilder
+from agentrl.staleness import generation_versions
 from agentrl.types import Rollout, RolloutStats, Segment
 
 
@@ -141,7 +142,8 @@ class RolloutPlayer:
                 return
             params = self._params(budget)
             generation = await self._generate(params)
-            self.current.add_generated(generation.token_ids, generation.logprobs)
+            self.current.add_generated(generation.token_ids, generation.logprobs,
+                                       generation_versions(generation, self.engine))
             self.stats.num_turns += 1
             text = context.assistant_text(generation.token_ids, self.stop_ids)
             observation, reward, terminated, truncated, info = await self.env.step(text)

@@ -63,6 +63,12 @@ class CollectionResult(msgspec.Struct):
     """Invalid rollouts played per environment name and kind (``step_raised``, ...)."""
     first_errors: dict[str, str] = {}
     """"<env>/<kind>" -> the first such failure of the collection, with its traceback."""
+    stale_dropped: dict[str, int] = {}
+    """Rollouts dropped per environment because a token was older than the staleness
+    bound (``agentrl.staleness``); asynchronous collection only."""
+    engine_idle_s: float = 0.0
+    """Seconds the engine waited for recent enough weights before this collection
+    (asynchronous collection only)."""
 
     @property
     def rollouts(self) -> list[Rollout]:
@@ -107,7 +113,7 @@ class RolloutRunner:
             ))
             for j in range(size)
         ))
-        return Group(group_id, env_name, list(rollouts))
+        return Group(group_id, env_name, list(rollouts), task_seed=task_seed)
 
     async def _rollout(self, env_config: EnvironmentConfig, spec: RolloutSpec) -> Rollout:
         async with self._limit:

@@ -62,6 +62,7 @@ class _Request:
     slot: int = -1
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None
 
 
@@ -101,6 +102,8 @@ class TorchEngine:
         """Forwards run so far (prefills + decode steps), for benchmarks and tests."""
         self.name = name
         self.weight_version = 0
+        """Policy version of the weights (completed training steps); every sampled token
+        records the version it came from."""
         self.sync_timeout_s = 300.0
         self._receiving: set[str] | None = None
 
@@ -127,16 +130,23 @@ class TorchEngine:
             self._worker = asyncio.create_task(self._run())
         return await request.future
 
-    def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> None:
-        """Copy new weights (HF names) into the model in place, bucket by bucket; refused
-        while requests are in flight."""
+    def update_weights(self, named_tensors: NamedTensors, version: int | None = None, *,
+                       in_flight: bool = False) -> None:
+        """Copy new weights (HF names) into the model in place, bucket by bucket, and serve
+        them as ``version``. Refused while requests are in flight unless ``in_flight``: an
+        in-flight update (called on the engine's event loop, so between two decode steps)
+        lets running requests continue under the new weights, with the KV cache their
+        earlier tokens left; each token records the version it came from."""
         from agentrl.engines.weight_sync import push_weights
 
-        push_weights([self], named_tensors, next_version(self.weight_version, version))
+        push_weights([self], named_tensors, next_version(self.weight_version, version),
+                     in_flight=in_flight)
 
-    def start_weight_update(self) -> None:
-        """Begin a sync session (between collections only)."""
-        self._require_idle("update_weights")
+    def start_weight_update(self, in_flight: bool = False) -> None:
+        """Begin a sync session: between collections, or ``in_flight`` between two decode
+        steps of running requests."""
+        if not in_flight:
+            self._require_idle("update_weights")
         self._receiving = set()
 
     def load_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
@@ -293,6 +303,7 @@ class TorchEngine:
                                       request.generator)
         request.token_ids.append(token)
         request.logprobs.append(logprob)
+        request.versions.append(self.weight_version)
         if token in params.stop_token_ids or self._hit_stop_string(request):
             request.finish_reason = "stop"
         elif len(request.token_ids) >= request.max_tokens:
@@ -313,5 +324,6 @@ class TorchEngine:
             del self._active[slot]
             if not request.future.done():  # the caller may have been cancelled
                 request.future.set_result(
-                    Generation(request.token_ids, request.logprobs, request.finish_reason)
+                    Generation(request.token_ids, request.logprobs, request.finish_reason,
+                               versions=request.versions)
                 )

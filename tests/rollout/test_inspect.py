@@ -65,3 +65,18 @@ def test_cli_demo_collects_compacted_rollouts(tmp_path, capsys):
     rollouts = load_batch(tmp_path / "demo.json")
     assert len(rollouts) == 8 and any(len(r.segments) > 1 for r in rollouts)
     assert "compactions" in out and "the token-level loss divides by" in out
+
+
+def test_report_shows_policy_versions_per_row():
+    spanning = Rollout("s2-g0-r0", "s2-g0", "kv", [
+        Segment([0, 1, 2, 3, 4, 5], [0, 0, 1, 1, 0, 1], [0.0, 0.0, -1, -1, 0.0, -1], 2,
+                version_runs=[(2, 3), (5, 4)]),
+        Segment([0, 1, 2], [0, 1, 1], [0.0, -1, -1], 1, version_runs=[(1, 4)]),
+    ], 1.0)
+    text = describe_batch([spanning, Rollout("s2-g0-r1", "s2-g0", "kv",
+                                             [segment(2, 2)], 0.0)])
+    # an in-flight weight update reached the first row mid-turn; the second row is newer
+    assert "row 0: 6 tokens (2 prompt, 3 generated)" in text
+    assert "on each generated token · policy v3 ×2, v4 ×1" in text
+    assert "on each generated token · policy v4 ×2" in text
+    assert text.count("· policy") == 2  # unrecorded versions print nothing

@@ -1,0 +1,217 @@
+"""Asynchronous collection: generation runs ahead of training by at most k policy versions.
+
+With ``rollout.max_staleness = k >= 1`` the rollout runner lives on its own thread with
+its own asyncio loop (torch releases the GIL inside its ops, environments wait on I/O),
+and the inference engine holds its own copy of the policy. Collections are produced in
+step order; the collection of step ``s`` starts only once the engine holds weights of
+version ``>= s - 1 - k`` (step ``s`` trains version ``s - 1``), so no trained token is
+more than k versions old. Before each collection the engine takes the newest weights the
+trainer published; with ``rollout.inflight_updates`` it takes them as soon as they arrive,
+between two decode steps, and running rollouts continue under them.
+
+The trainer asks :meth:`AsyncCollector.next_collection` for step ``s`` and gets it once
+complete (oldest weights first: collections are trained in the order they were started);
+after its updates it :meth:`publish`-es the new weights. Checkpoints store the sampler
+state from before the first untrained collection (:meth:`sampler_state_before`), so a
+resumed run regenerates exactly the collections whose training was lost, with the same
+rollout ids and tasks, and discards nothing that was trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+import warnings
+from typing import Any
+
+import msgspec
+import torch
+
+from agentrl.rollout.runner import CollectionResult
+from agentrl.staleness import enforce_bound, engine_version
+
+POLL_S = 1.0
+"""Seconds between checks that the collector thread is still alive while waiting."""
+
+
+class AsyncCollector:
+    """Produces steps' collections on a background thread, at most k versions ahead."""
+
+    def __init__(
+        self, runner: Any, sampler: Any, num_rollouts: int, max_staleness: int,
+        first_step: int, last_step: int, inflight_updates: bool = False,
+    ) -> None:
+        """Produce collections ``first_step .. last_step`` of ``num_rollouts`` each with
+        ``runner`` (whose engine must not share the trainer's module), starting with the
+        first :meth:`next_collection` call: nothing is generated before training starts
+        (e.g. during the validation at step 0)."""
+        if max_staleness < 1:
+            raise ValueError(f"AsyncCollector needs max_staleness >= 1, got {max_staleness}; "
+                             "use the synchronous loop for 0")
+        self.runner = runner
+        self.engine = runner.engine
+        self.sampler = sampler
+        self.num_rollouts = num_rollouts
+        self.max_staleness = max_staleness
+        self.inflight_updates = inflight_updates
+        self.first_step, self.last_step = first_step, last_step
+        self._lock = threading.Condition()
+        self._ready: dict[int, CollectionResult] = {}
+        self._engine_idle_s: dict[int, float] = {}
+        self._sampler_states: dict[int, dict[str, Any]] = {}
+        self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._error: BaseException | None = None
+        self._stopping = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._weights_arrived: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._thread = threading.Thread(target=self._main, name="agentrl-collector",
+                                        daemon=True)
+
+    # ------------------------------------------------------------------ trainer side
+
+    def next_collection(self, step: int) -> CollectionResult:
+        """The collection of ``step``, once complete, with groups past the staleness bound
+        dropped and counted (``agentrl.staleness``); raises what the collector raised."""
+        if self._thread.ident is None:
+            self._thread.start()
+        with self._lock:
+            while step not in self._ready:
+                if self._error is not None:
+                    raise RuntimeError("the rollout collector failed") from self._error
+                if not self._thread.is_alive():
+                    raise RuntimeError(f"the rollout collector stopped before step {step}")
+                self._lock.wait(POLL_S)
+            result = self._ready.pop(step)
+            idle = self._engine_idle_s.pop(step, 0.0)
+        groups, dropped = enforce_bound(result.groups, step - 1, self.max_staleness)
+        if dropped:
+            warnings.warn(f"step {step}: dropped {sum(dropped.values())} rollouts whose "
+                          f"tokens are more than {self.max_staleness} versions old "
+                          f"({dropped}); see agentrl.staleness", stacklevel=2)
+        return msgspec.structs.replace(result, groups=groups, stale_dropped=dropped,
+                                       engine_idle_s=idle)
+
+    def publish(self, snapshot: dict[str, torch.Tensor], version: int) -> None:
+        """Hand the weights of ``version`` to the engine; returns at once. ``snapshot``
+        must be the caller's own copy (the trainer keeps changing its weights in place).
+        Once every collection is produced there is nothing left to generate, and nothing
+        is sent."""
+        if self._done():
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._on_weights, version, snapshot)
+        except RuntimeError:  # the loop closed meanwhile: the collector has finished
+            if not self._done():
+                raise
+
+    def sampler_state_before(self, step: int) -> dict[str, Any]:
+        """The sampler state from just before collection ``step`` drew its first task
+        (the current state when it has not started): what a checkpoint taken before
+        training ``step`` must hold so that a resume regenerates ``step`` identically."""
+        with self._lock:
+            if step in self._sampler_states:
+                return self._sampler_states[step]
+            return self.sampler.state_dict()
+
+    def run_on_loop(self, make_coroutine: Any) -> tuple[bool, Any]:
+        """Run ``make_coroutine()`` on the collector's event loop while it generates (e.g.
+        a validation sharing the engine); (True, its result), or (False, None) when the
+        loop is not running (not started yet, or finished): run it elsewhere then."""
+        if not (self._thread.is_alive() and self._loop.is_running()):
+            return False, None
+        coroutine = make_coroutine()
+        try:
+            future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        except RuntimeError:  # the loop closed in the meantime
+            coroutine.close()
+            return False, None
+        try:
+            return True, future.result()
+        except concurrent.futures.CancelledError:  # the collector stopped meanwhile
+            return False, None
+
+    def close(self) -> None:
+        """Stop producing (in-flight generations are discarded) and join the thread."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            try:
+                self._loop.call_soon_threadsafe(self._cancel)
+            except RuntimeError:  # the loop closed in the meantime: the thread is ending
+                pass
+            self._thread.join(timeout=60)
+
+    def _done(self) -> bool:
+        return not self._thread.is_alive() or self._loop.is_closed()
+
+    # ------------------------------------------------------------------ collector side
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._run())
+        except asyncio.CancelledError:
+            pass
+        except BaseException as exc:  # handed to the trainer by next_collection
+            with self._lock:
+                self._error = exc
+                self._lock.notify_all()
+        finally:  # discard what is still in flight (engine worker, rollouts)
+            leftover = asyncio.all_tasks(self._loop)
+            for task in leftover:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
+            self._loop.close()
+
+    async def _run(self) -> None:
+        self._weights_arrived = asyncio.Event()
+        self._task = asyncio.current_task()
+        for step in range(self.first_step, self.last_step + 1):
+            if self._stopping.is_set():
+                return
+            idle = await self._wait_for_version(step - 1 - self.max_staleness)
+            with self._lock:
+                self._sampler_states = {s: v for s, v in self._sampler_states.items()
+                                        if s >= step - self.max_staleness - 1}
+                self._sampler_states[step] = self.sampler.state_dict()
+            result = await self.runner.collect(step, self.num_rollouts)
+            with self._lock:
+                self._ready[step] = result
+                self._engine_idle_s[step] = idle
+                self._lock.notify_all()
+
+    async def _wait_for_version(self, oldest_allowed: int) -> float:
+        """Take the newest published weights; wait while the engine's are too old.
+        Returns the seconds the engine sat idle waiting."""
+        assert self._weights_arrived is not None
+        start = time.perf_counter()
+        while True:
+            self._weights_arrived.clear()
+            self._apply_pending(in_flight=False)
+            if engine_version(self.engine) >= oldest_allowed:
+                return time.perf_counter() - start
+            await self._weights_arrived.wait()
+
+    def _on_weights(self, version: int, snapshot: dict[str, torch.Tensor]) -> None:
+        """On the collector's loop: keep the newest weights; apply them at once when
+        in-flight updates are on (a loop callback runs between two decode steps)."""
+        if self._pending is None or version > self._pending[0]:
+            self._pending = (version, snapshot)
+        if self.inflight_updates:
+            self._apply_pending(in_flight=True)
+        assert self._weights_arrived is not None
+        self._weights_arrived.set()
+
+    def _apply_pending(self, in_flight: bool) -> None:
+        if self._pending is None:
+            return
+        version, snapshot = self._pending
+        self._pending = None
+        self.engine.update_weights(snapshot.items(), version, in_flight=in_flight)
+
+    def _cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
