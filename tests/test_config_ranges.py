@@ -129,7 +129,8 @@ def test_values_on_the_boundary_are_accepted(setting, value) -> None:
 
 
 def test_a_config_built_in_python_is_checked_too() -> None:
-    from agentrl.config import RolloutConfig, validate
+    from agentrl.config import RolloutConfig
+    from agentrl.config_checks import validate
 
     config = Config(environments=[EnvironmentConfig(id="agentrl/Countdown-v0")],
                     rollout=RolloutConfig(top_p=0.0))

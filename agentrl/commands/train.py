@@ -75,33 +75,40 @@ def _preflight(config: Any, out: Path, resume: bool) -> None:
 
 def _train(config: Any, out: Path, resume: bool) -> tuple[Any, int]:
     """Train on this rank; (the final state or None when stopped, this rank)."""
-    from agentrl.accounting import describe_plan, plan_batches
     from agentrl.parallel import groups
-    from agentrl.parallel.timeouts import timeouts
     from agentrl.rollout.health import RunStopped
-    from agentrl.run import build_run
-    from agentrl.trainer import train
 
     try:
-        limits = timeouts(config)
-        groups.init_process_group(limits.collective_s)
-        # rank 0 checks while the others wait outside any collective
-        groups.run_on_main("preflight", lambda: _preflight(config, out, resume),
-                           limits.wait_for_rank0_s)
-        run_ = build_run(config, out, resume=resume)
-        if run_.is_main:
-            print(describe_plan(plan_batches(config)))
-            print(f"ranks: {run_.world_size} (FSDP2 over {run_.world_size}), compute dtype "
-                  f"{str(run_.compute_dtype).removeprefix('torch.')}, fp32 master weights")
-            if resume:
-                print(f"resuming {out} at step {run_.state.step}")
-        return train(run_), groups.get_rank()
+        return _train_rank(config, out, resume), groups.get_rank()
     except RunStopped as exc:  # an environment is mostly broken: a summary, not a traceback
         if groups.get_rank() == 0:
             print(f"stopped: {exc}", file=sys.stderr)
         return None, groups.get_rank()
-    finally:
+    finally:  # no frame holds the run (its model holds the group) any more
         groups.destroy_process_group()
+
+
+def _train_rank(config: Any, out: Path, resume: bool) -> Any:
+    """Join the group, build the run and train it; the final state."""
+    from agentrl.accounting import describe_plan, plan_batches
+    from agentrl.parallel import groups
+    from agentrl.parallel.timeouts import timeouts
+    from agentrl.run import build_run
+    from agentrl.trainer import train
+
+    limits = timeouts(config)
+    groups.init_process_group(limits.collective_s)
+    # rank 0 checks while the others wait outside any collective
+    groups.run_on_main("preflight", lambda: _preflight(config, out, resume),
+                       limits.wait_for_rank0_s)
+    run_ = build_run(config, out, resume=resume)
+    if run_.is_main:
+        print(describe_plan(plan_batches(config)))
+        print(f"ranks: {run_.world_size} (FSDP2 over {run_.world_size}), compute dtype "
+              f"{str(run_.compute_dtype).removeprefix('torch.')}, fp32 master weights")
+        if resume:
+            print(f"resuming {out} at step {run_.state.step}")
+    return train(run_)
 
 
 def _command_line(args: argparse.Namespace, out: Path) -> list[str]:

@@ -15,6 +15,7 @@ and only then enter the collective that follows.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from typing import Any
 
@@ -69,9 +70,17 @@ def _world() -> dist.ProcessGroup:
 
 
 def destroy_process_group() -> None:
-    """Leave the default process group if one was joined (safe to call twice)."""
+    """Leave the default process group if one was joined (safe to call twice).
+
+    Garbage is collected right after, so the group (which models and meshes keep alive
+    through reference cycles) is freed and its gloo worker threads are joined while the
+    interpreter still runs: a worker that frees a Python-owned tensor during interpreter
+    shutdown cannot take the GIL and aborts the process ("terminate called without an
+    active exception"). Call it once nothing of the run is referenced any more.
+    """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        gc.collect()
 
 
 def is_distributed(group: dist.ProcessGroup | None = None) -> bool:

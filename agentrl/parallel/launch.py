@@ -9,7 +9,9 @@ own entry point, so both go through the same code.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from typing import Any
 
 from agentrl.config import Config, ConfigError
 from agentrl.parallel.groups import launched_by_torchrun
@@ -46,8 +48,15 @@ def launch_local_ranks(num_ranks: int, command: list[str], stopped_status: int =
     try:
         run(args)
     except ChildFailedError as exc:
-        if {f.exitcode for f in exc.failures.values()} == {stopped_status}:
+        if stopped_on_purpose(exc, stopped_status):
             return stopped_status
         print(f"error: a rank failed:\n{exc.format_msg()}", file=sys.stderr)
         return 1
     return 0
+
+
+def stopped_on_purpose(failure: Any, stopped_status: int) -> bool:
+    """True when a rank exited with ``stopped_status`` and every other failed rank did too
+    or was ended by torchrun (SIGTERM) because a stopped rank had already left."""
+    codes = {f.exitcode for f in failure.failures.values()}
+    return stopped_status in codes and codes <= {stopped_status, -signal.SIGTERM}

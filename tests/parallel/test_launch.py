@@ -101,3 +101,24 @@ def model_dir(tmp_path_factory):
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "m", hidden_size=32,
                                  num_layers=1, num_heads=2, num_kv_heads=1, vocab_size=300)
+
+
+@pytest.mark.parametrize(("codes", "stopped"), [
+    ((3, 3), True),
+    ((3, -15), True),  # torchrun ended rank 1 after rank 0 had left with the summary
+    ((-15, 3), True),
+    ((3, 1), False),  # rank 1 crashed
+    ((-15, -15), False),  # ended from outside: nothing stopped on purpose
+    ((-6, 3), False),
+])
+def test_a_stop_is_told_from_a_crash_by_every_ranks_exit_status(codes, stopped):
+    from torch.distributed.elastic.multiprocessing.errors import (
+        ChildFailedError,
+        ProcessFailure,
+    )
+
+    from agentrl.parallel.launch import stopped_on_purpose
+
+    failures = {rank: ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=code,
+                                     error_file="") for rank, code in enumerate(codes)}
+    assert stopped_on_purpose(ChildFailedError("agentrl", failures), 3) is stopped

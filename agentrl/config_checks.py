@@ -1,0 +1,127 @@
+"""Load-time checks of a whole config: what one field's range cannot say (combinations of
+settings, the loss mode, environment names, engine URLs) and the batch arithmetic.
+
+``agentrl.config.config_from_dict`` runs :func:`validate` on every config it builds;
+what needs the environments or the model folder is checked later, by
+``agentrl.preflight`` (run by `agentrl plan` and `agentrl train`).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from agentrl.config import (
+    SEQUENCE_LEVEL_AGGREGATIONS,
+    Config,
+    LossConfig,
+    RolloutConfig,
+    num_local_engines,
+)
+from agentrl.ranges import ConfigError, check_ranges
+
+
+def validate(config: Config) -> None:
+    """Refuse a configuration that cannot run, before anything is launched.
+
+    Checks what the config alone decides; what needs the environments or the model
+    folder is checked by ``agentrl.preflight`` (run by `agentrl plan` and `train`).
+    """
+    check_ranges(msgspec.to_builtins(config), Config)  # also for Configs built in Python
+    check_loss(config.loss)
+    check_environments(config)
+    check_deterministic(config)
+    check_engines(config.rollout)
+    check_off_policy(config)
+    from agentrl.schedule import check_lr_scaling
+
+    check_lr_scaling(config)
+    from agentrl.accounting import plan_batches
+
+    plan_batches(config)  # raises ConfigError when the batch knobs do not divide
+
+
+def check_loss(loss: LossConfig) -> None:
+    """Only token-level aggregation is sound when rows depend on compaction."""
+    if loss.aggregation == "token":
+        return
+    why = (
+        "a sequence-level mean divides each rollout's loss by its number of rows or "
+        "tokens, and the number of rows of a rollout depends on compaction, so the "
+        "gradient would change with the context budget. agentrl only trains with "
+        'aggregation = "token": each generated token weighs 1 / (generated tokens in '
+        "the whole update)."
+    )
+    kind = "is a sequence-level mode" if loss.aggregation in SEQUENCE_LEVEL_AGGREGATIONS else (
+        "is not a known aggregation"
+    )
+    raise ConfigError(f'loss.aggregation = "{loss.aggregation}" {kind}; {why}')
+
+
+def check_deterministic(config: Config) -> None:
+    """Batch-invariant generation is the built-in engine's; vLLM's is not wired in."""
+    if config.train.deterministic and config.rollout.engine != "torch":
+        raise ConfigError(
+            f'train.deterministic = true needs rollout.engine = "torch" (batch-invariant '
+            f'decoding), not "{config.rollout.engine}"; set train.deterministic = false (a '
+            "resume then loses no rollout, but samples may differ in the last bits)")
+
+
+def check_off_policy(config: Config) -> None:
+    """Asynchronous collection and the off-policy corrections: settings that combine."""
+    rollout, loss = config.rollout, config.loss
+    if rollout.inflight_updates and rollout.max_staleness == 0:
+        raise ConfigError("rollout.inflight_updates = true needs rollout.max_staleness >= 1: "
+                          "the synchronous loop never updates weights while generating")
+    if rollout.inflight_updates and (rollout.engine != "torch" or rollout.remote_engines):
+        raise ConfigError('rollout.inflight_updates = true needs local built-in replicas '
+                          '(rollout.engine = "torch", no remote_engines): they take new '
+                          "weights between two decode steps; drop it (weights then change "
+                          "between collections)")
+    if (rollout.max_staleness > 0 and rollout.engine == "vllm"
+            and rollout.placement == "colocated" and num_local_engines(rollout) > 0):
+        raise ConfigError(f"rollout.max_staleness = {rollout.max_staleness} generates while "
+                          "the trainer trains, so vLLM cannot sleep on the training GPUs: set "
+                          'rollout.placement = "separate" (or remote_engines), or use 0')
+    if loss.objective == "decoupled" and (loss.old_logprobs != "score" or loss.tis_cap is None):
+        raise ConfigError('loss.objective = "decoupled" clips around a proximal policy the '
+                          'trainer scores, so it needs loss.old_logprobs = "score" and a '
+                          "loss.tis_cap (the cap of its behaviour weight, e.g. 2.0)")
+    for name, standard in (("low", loss.clip_eps_low), ("high", loss.clip_eps_high)):
+        relaxed = getattr(loss, f"relaxed_clip_eps_{name}")
+        if relaxed is not None and relaxed < standard:
+            raise ConfigError(f"loss.relaxed_clip_eps_{name} = {relaxed} is narrower than "
+                              f"loss.clip_eps_{name} = {standard}; relaxed clipping widens "
+                              "the interval for stale tokens")
+
+
+def check_environments(config: Config) -> None:
+    """At least one environment, and a unique name for each (weights: see the ranges)."""
+    if not config.environments:
+        raise ConfigError("no [[environments]] given; add at least one with an id")
+    names: set[str] = set()
+    for env in config.environments:
+        name = env.display_name()
+        if name in names:
+            raise ConfigError(f"two environments are named {name!r}; set a distinct `name`")
+        names.add(name)
+
+
+def check_engines(rollout: RolloutConfig) -> None:
+    """Replica counts, parallelism and server URLs that can run."""
+    import urllib.parse
+
+    if num_local_engines(rollout) + len(rollout.remote_engines) < 1:
+        raise ConfigError("rollout.num_engines = 0 and no rollout.remote_engines: nothing "
+                          "would generate; start a local engine or list a server")
+    if rollout.tensor_parallel_size > 1 and rollout.engine != "vllm":
+        raise ConfigError(f"rollout.tensor_parallel_size = {rollout.tensor_parallel_size} "
+                          'needs engine = "vllm"; the built-in engine runs on one device')
+    for url in rollout.remote_engines:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname or parts.port is None:
+            raise ConfigError(f"rollout.remote_engines: {url!r} is not http://HOST:PORT "
+                              "(the address `agentrl serve` prints)")
+    if rollout.weight_transport in ("files", "ipc") and rollout.remote_engines:
+        raise ConfigError(f'rollout.weight_transport = "{rollout.weight_transport}" works '
+                          "for local vLLM replicas only (shared files / GPUs); "
+                          'remote_engines sync over "auto" (gloo or NCCL)')
