@@ -1,7 +1,7 @@
 """Synchronous vs asynchronous training (rollout.max_staleness = 0, 1, 2), side by side.
 
     python -m bench.async [--quick] [--steps N] [--repeats R] [--threads T] [--out DIR]
-                          [--ks 0,1,2]
+                          [--ks 0,1,2] [--engine-process]
 
 The quickstart mix (configs/quickstart.toml: Calculator with a tool and compaction,
 Countdown) plus ``SlowToolCalculator``, whose tool calls take 50 ms like a real API or
@@ -20,7 +20,10 @@ updates and active time).
 
 ``--threads 1`` runs every torch op single-threaded: on a 2-core machine the synchronous
 loop then uses one core while the engine and the trainer of k >= 1 get one core each, a
-stand-in for engine and trainer on hardware of their own.
+stand-in for engine and trainer on hardware of their own. ``--engine-process`` goes one
+step further: every run generates on a fresh ``agentrl serve`` process of its own (one
+torch thread, weights pushed over gloo after every step, as with a server on another
+machine), so the engine no longer shares the trainer's Python interpreter (its GIL) either.
 
 ``--quick``: 8 groups per collection and 8 steps per k (a few minutes on 2 CPU cores);
 the default is the quickstart's 16 groups and 30 steps. ``--repeats R`` runs the k in
@@ -34,6 +37,8 @@ from __future__ import annotations
 import argparse
 import time
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +52,11 @@ SLOW_ENV = {"id": "bench.slow_tools:SlowToolCalculator", "name": "slow_calculato
             "weight": 1.0, "kwargs": {"num_operations": 1, "max_number": 9, "latency_s": 0.05}}
 
 
-def bench_config(max_staleness: int, steps: int, quick: bool) -> Any:
-    """The quickstart config plus the slow-tool environment, validated at start and end."""
-    raw = tomllib.loads((ROOT / "configs" / "quickstart.toml").read_text())
-    raw["model"]["path"] = str(ROOT / raw["model"]["path"])
+def bench_config(max_staleness: int, steps: int, quick: bool,
+                 remote_engines: tuple[str, ...] = ()) -> Any:
+    """The quickstart config plus the slow-tool environment, validated at start and end;
+    generating on ``remote_engines`` (``agentrl serve`` URLs) when given."""
+    raw = bench_raw_config()
     raw["environments"][0]["weight"] = 2.0  # calculator : countdown : slow = 2 : 1 : 1
     raw["environments"].append(SLOW_ENV)
     # one validation before and one after training (32 held-out tasks per environment),
@@ -63,21 +69,59 @@ def bench_config(max_staleness: int, steps: int, quick: bool) -> Any:
         raw.setdefault("loss", {}).update(objective="decoupled", negative_advantage_veto=2.0)
     if quick:
         raw["batch"].update(rollout_batch_size=8, global_batch_size=32)
+    if remote_engines:
+        raw["rollout"].update(remote_engines=list(remote_engines))
     return config_from_dict(raw, source=f"bench k={max_staleness}")
 
 
-def train_once(config: Any, run_dir: Path) -> float:
-    """Train one configuration; returns the wall-clock seconds of training."""
+def bench_raw_config() -> dict[str, Any]:
+    """The quickstart config with the model path made absolute (what a server serves)."""
+    raw = tomllib.loads((ROOT / "configs" / "quickstart.toml").read_text())
+    raw["model"]["path"] = str(ROOT / raw["model"]["path"])
+    return raw
+
+
+@contextmanager
+def engine_process() -> Iterator[tuple[str, ...]]:
+    """A fresh ``agentrl serve`` of the quickstart model with one torch thread (its URLs);
+    stopped on exit."""
+    from agentrl.engines.spawn import spawn_servers
+
+    servers = spawn_servers(ROOT / "configs" / "quickstart.toml", 1, threads=1,
+                            overrides=(f"model.path={bench_raw_config()['model']['path']}",))
+    try:
+        yield tuple(server.url for server in servers)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def train_once(config: Any, run_dir: Path) -> tuple[float, float]:
+    """Train one configuration; (wall-clock seconds of training, CPU seconds this process
+    spent inside collections). With the engine in a process of its own, the CPU time of a
+    synchronous run's collections is the rollout side's own work (environments, tools,
+    chat templates, tokenizer, HTTP), which needs a core of its own to overlap."""
     from agentrl.run import build_run
     from agentrl.trainer import train
 
     run = build_run(config, run_dir)
+    collect, cpu = run.collect, [0.0]
+
+    def timed_collect(step: int) -> Any:
+        start_cpu = time.process_time()
+        try:
+            return collect(step)
+        finally:
+            cpu[0] += time.process_time() - start_cpu
+
+    run.collect = timed_collect  # type: ignore[method-assign]
     start = time.perf_counter()
     train(run)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cpu[0]
 
 
-def summarize(records: list[dict[str, Any]], wall_s: float, asynchronous: bool) -> dict:
+def summarize(records: list[dict[str, Any]], wall_s: float, asynchronous: bool,
+              collect_cpu_s: float = 0.0) -> dict:
     """Steps per minute, idle shares, staleness and reward figures of one run."""
     if not records:
         raise ValueError("the run wrote no metrics")
@@ -99,6 +143,10 @@ def summarize(records: list[dict[str, Any]], wall_s: float, asynchronous: bool) 
         # what overlapping could give if engine and trainer had hardware of their own:
         # (G + T) / max(G, T) from the phase times (meaningful for the synchronous run)
         "overlap_bound": (generate + rest) / max(generate, rest, 1e-9),
+        # the same with the rollout side's CPU work (C) on the trainer's core, as on a
+        # 2-core machine with the engine in its own process: (G + T) / (T + C)
+        "shared_core_bound": (generate + rest) / max(rest + collect_cpu_s, generate, 1e-9),
+        "collect_cpu_per_step": collect_cpu_s / max(len(steps), 1),
         "steps_per_min": len(steps) / wall_s * 60,
         "trainer_idle": total("time/generate") / wall_s,
         "engine_idle": engine_idle / wall_s,
@@ -145,6 +193,9 @@ def main() -> None:
                         help="torch intra-op threads (default: torch's); 1 gives the engine "
                              "and the trainer one core each on a 2-core machine, a stand-in "
                              "for hardware of their own")
+    parser.add_argument("--engine-process", action="store_true",
+                        help="generate on a fresh `agentrl serve` process per run (one "
+                             "thread), not in the trainer's process")
     args = parser.parse_args()
     if args.threads:
         import torch
@@ -157,8 +208,11 @@ def main() -> None:
     for repeat in range(args.repeats):
         for k in ks:
             run_dir = out / (f"k{k}" if repeat == 0 else f"k{k}-r{repeat}")
-            wall = train_once(bench_config(k, steps, args.quick), run_dir)
-            rounds[k].append(summarize(read_metrics(run_dir), wall, asynchronous=k > 0))
+            serving = engine_process() if args.engine_process else (
+                nullcontext(()))
+            with serving as urls:
+                wall, cpu = train_once(bench_config(k, steps, args.quick, urls), run_dir)
+            rounds[k].append(summarize(read_metrics(run_dir), wall, k > 0, cpu))
             print(f"k={k} round {repeat + 1}: {steps} steps in {wall:.1f} s")
     results = {k: sorted(r, key=lambda x: x["steps_per_min"])[len(r) // 2]
                for k, r in rounds.items()}
@@ -167,6 +221,11 @@ def main() -> None:
         print(f"\nsynchronous phase split → speed-up bound with engine and trainer on separate "
               f"hardware: {results[0]['overlap_bound']:.2f}× (on shared CPU cores the two "
               "sides compete, and only the idle time inside generation can be overlapped)")
+        if args.engine_process:
+            print(f"with the rollout side's own CPU work (environments, tools, templates, "
+                  f"HTTP: {results[0]['collect_cpu_per_step']:.2f} s per step) on the "
+                  f"trainer's core, as here with 2 cores: bound "
+                  f"{results[0]['shared_core_bound']:.2f}×")
     from agentrl.cli import main as cli
 
     cli(["report", *(str(out / f"k{k}") for k in sorted(results)), "--out",

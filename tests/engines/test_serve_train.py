@@ -79,3 +79,29 @@ def test_training_generates_on_two_servers_and_keeps_their_weights_in_step(
         assert info["num_requests"] >= 1, f"{url} served nothing"
         assert info["weight_version"] == 2  # start (0), then one sync per step
         assert greedy_ids(remote) == want  # it serves the trained weights
+
+
+def test_asynchronous_training_generates_ahead_on_a_server(ckpt_a, ckpt_b, tmp_path):
+    """max_staleness = 1 with the engine in another process: collections are generated
+    while the trainer trains, every trained token is at most one version old, and the
+    server receives the trainer's weights (versions 1 and up; the last one is not sent,
+    nothing is left to generate)."""
+    config = tmp_path / "serve.toml"
+    config.write_text(SERVE_CONFIG.format(model=ckpt_b))
+    (server,) = spawn_servers(config, 1, threads=1)
+    try:
+        train = tmp_path / "train.toml"
+        train.write_text(TRAIN_CONFIG.format(model=ckpt_a, urls=json.dumps([server.url]))
+                         .replace("num_steps = 2", "num_steps = 4")
+                         .replace("max_turns = 1", "max_turns = 1\nmax_staleness = 1"))
+        out = tmp_path / "run"
+        assert main(["train", str(train), "--out", str(out)]) == 0
+        records = [json.loads(line) for line in
+                   (out / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == [1, 2, 3, 4]
+        assert all(r["staleness/max"] <= 1 for r in records)
+        assert any(r["staleness/max"] == 1 for r in records)  # it did generate ahead
+        info = RemoteEngine(server.url).connect()._get("/agentrl/info")
+        assert info["weight_version"] >= 2
+    finally:
+        server.stop()
