@@ -7,9 +7,8 @@ assistant's turns, ``loss_mask`` 1) and observation spans (what the environment 
 template appended). Each span is decoded with the run's tokenizer and split into chat
 messages by :mod:`agentrl.transcripts.chat_text`.
 
-Fields that other parts of agentrl may add later (a truncation reason, a named invalid
-reason, per-token policy versions) are read with defaults, so a record is written
-whichever of them the rollout carries.
+Policy versions come from each segment's ``version_runs`` (``agentrl.staleness``): per
+generated span, per row and per rollout.
 """
 
 from __future__ import annotations
@@ -18,7 +17,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+import torch
 
+from agentrl.staleness import token_versions
 from agentrl.transcripts.chat_text import (
     ChatMessage,
     assistant_message,
@@ -82,17 +83,13 @@ class RolloutRecord(msgspec.Struct, omit_defaults=True):
 
 def build_record(
     rollout: Rollout, row_advantages: Mapping[int, float], tokenizer: Any, step: int,
-    selection: str, rows_of: Mapping[int, Any] | None = None,
+    selection: str,
 ) -> RolloutRecord:
     """The transcript of one rollout; ``row_advantages``: segment index → advantage, as
-    the trainer computed them (never recomputed here). ``rows_of``: segment index → the
-    trained Row, read for policy versions when the segment does not carry them."""
+    the trainer computed them (never recomputed here)."""
     stats = rollout.stats
-    rows = [
-        _row_record(index, segment, row_advantages.get(index, 0.0), tokenizer,
-                    (rows_of or {}).get(index))
-        for index, segment in enumerate(rollout.segments)
-    ]
+    rows = [_row_record(index, segment, row_advantages.get(index, 0.0), tokenizer)
+            for index, segment in enumerate(rollout.segments)]
     return RolloutRecord(
         step=step, env=rollout.env, rollout_id=rollout.rollout_id, group_id=rollout.group_id,
         selection=selection, reward=float(rollout.reward), valid=rollout.trainable,
@@ -100,53 +97,42 @@ def build_record(
         num_rows=len(rows), num_tokens=sum(r.num_tokens for r in rows),
         num_generated_tokens=rollout.num_generated_tokens,
         invalid_reason=invalid_reason(rollout), truncated=stats.truncated,
-        truncation_reason=getattr(stats, "truncation_reason", None),
+        truncation_reason=stats.truncation_reason,
         tool_errors=dict(stats.tool_errors), reward_components=dict(rollout.reward_components),
         policy_versions=sorted({v for r in rows for v in r.policy_versions}), rows=rows,
     )
 
 
 def invalid_reason(rollout: Rollout) -> str | None:
-    """Why a rollout is masked: its named reason or error, or a bad segment; None if valid."""
+    """Why a rollout is masked: its error ("<kind>: <message>" when the kind is named), or
+    a bad segment; None if valid."""
     stats = rollout.stats
-    for holder, name in ((stats, "invalid_reason"), (rollout, "invalid_reason"),
-                         (stats, "error")):
-        reason = getattr(holder, name, None)
-        if reason:
-            return str(reason)
+    if stats.error:
+        return f"{stats.error_kind}: {stats.error}" if stats.error_kind else stats.error
     if not rollout.trainable:
         bad = [i for i, s in enumerate(rollout.segments) if not s.valid]
         return f"row(s) {bad} marked invalid" if bad else "marked invalid"
     return None
 
 
-def policy_versions(holder: Any, start: int | None = None, end: int | None = None) -> list[int]:
-    """Distinct policy versions recorded on a segment (one per token, or one for all);
-    [] when none is recorded. ``start:end`` narrows per-token versions to a span."""
-    for name in ("policy_versions", "policy_version"):
-        value = getattr(holder, name, None)
-        if value is None:
-            continue
-        if isinstance(value, int):
-            return [value]
-        values = list(value)
-        if len(values) == len(holder.token_ids):
-            values = values[start:end]
-        return sorted({int(v) for v in values if v is not None and v >= 0})
-    return []
+def policy_versions(segment: Segment, start: int = 0, end: int | None = None) -> list[int]:
+    """Distinct policy versions of the generated tokens in ``segment[start:end]``, from its
+    ``version_runs``; [] when none is recorded."""
+    if not segment.version_runs:
+        return []
+    versions = token_versions(segment.version_runs, len(segment.token_ids), -1)[start:end]
+    generated = torch.tensor(segment.loss_mask[start:end], dtype=torch.bool)
+    return sorted({v for v in versions[generated].tolist() if v >= 0})
 
 
-def _row_record(index: int, segment: Segment, advantage: float, tokenizer: Any,
-                row: Any = None) -> RowRecord:
-    versioned = row if row is not None and not policy_versions(segment) and \
-        policy_versions(row) else segment
+def _row_record(index: int, segment: Segment, advantage: float, tokenizer: Any) -> RowRecord:
     spans = []
     previous: Span | None = None
     for source, start, end in _spans(segment):
         text = tokenizer.decode(segment.token_ids[start:end])
         if source == "generated":
             messages = [assistant_message(text)]
-            versions = policy_versions(versioned, start, end)
+            versions = policy_versions(segment, start, end)
         else:
             messages, versions = split_messages(text), []
         summary = (source == "generated" and previous is not None
@@ -158,7 +144,7 @@ def _row_record(index: int, segment: Segment, advantage: float, tokenizer: Any,
         index=index, advantage=float(advantage), num_tokens=len(segment.token_ids),
         num_prompt_tokens=segment.num_prompt_tokens,
         num_generated_tokens=segment.num_generated_tokens, valid=segment.valid, spans=spans,
-        policy_versions=policy_versions(versioned),
+        policy_versions=policy_versions(segment),
     )
 
 

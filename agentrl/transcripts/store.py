@@ -90,16 +90,14 @@ class RolloutSampleWriter:
         if not self.due(step):
             return {}
         start = time.perf_counter()
-        by_row = {(row.rollout_id, row.segment): (row, adv)
+        by_row = {(row.rollout_id, row.segment): adv
                   for row, adv in zip(rows, advantages, strict=True)}
         encoder = msgspec.json.Encoder()
         lines = []
         for rollout, why in choose(rollouts, self.num_random, self.seed, step):
             trained = {i: by_row[(rollout.rollout_id, i)] for i in range(len(rollout.segments))
                        if (rollout.rollout_id, i) in by_row}
-            record = build_record(rollout, {i: adv for i, (_, adv) in trained.items()},
-                                  self.tokenizer, step, why,
-                                  {i: row for i, (row, _) in trained.items()})
+            record = build_record(rollout, trained, self.tokenizer, step, why)
             lines.append(encoder.encode(record) + b"\n")
         path = sample_path(self.run_dir, step)
         path.parent.mkdir(parents=True, exist_ok=True)
