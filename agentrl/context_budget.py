@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from agentrl.config import Config, ConfigError, EnvironmentConfig
+from agentrl.config import Config, ConfigError
 from agentrl.rollout.context import as_dicts
 
 NUM_TASKS = 8
@@ -119,51 +119,9 @@ def describe_budgets(budgets: list[PromptBudget], config: Config, tokenizer_name
     return "\n".join(lines)
 
 
-def measure_environments(config: Config, tokenizer: Any,
-                         environments: list[EnvironmentConfig] | None = None
-                         ) -> list[PromptBudget]:
-    """Every (or the given) environment's first prompt, measured with ``tokenizer``."""
-    from agentrl.registry import make
-
-    budgets = []
-    for env_config in environments or config.environments:
-        env = make(env_config.id, **env_config.kwargs)
-        try:
-            budgets.append(measure_first_prompt(env, tokenizer, env_config.display_name()))
-        finally:
-            env.close()
-    return budgets
-
-
-def check_context_budget(config: Config, tokenizer: Any = None) -> list[PromptBudget]:
-    """Plan-time check: every environment's first prompt fits the context budget.
-
-    ``tokenizer``: the model's; None takes :func:`plan_tokenizer`'s. Raises ConfigError
-    (one line: environment, numbers, knob) for the first prompt that does not fit."""
-    if tokenizer is None:
-        tokenizer, _ = plan_tokenizer(config)
-    budgets = measure_environments(config, tokenizer)
-    refuse_over_budget(budgets, config)
-    return budgets
-
-
 def refuse_over_budget(budgets: list[PromptBudget], config: Config) -> None:
     """Raise ConfigError for the first environment whose first prompt does not fit."""
     for budget in budgets:
         problem = budget_problem(budget, config)
         if problem is not None:
             raise ConfigError(problem)
-
-
-def plan_tokenizer(config: Config) -> tuple[Any, str]:
-    """The tokenizer training will use, and its name: ``model.path``'s, or the tiny
-    built-in model's (what ``agentrl train`` builds when ``model.path`` is empty)."""
-    from agentrl.model import load_tokenizer
-    from agentrl.model.tiny import tiny_tokenizer
-
-    if config.model.path:
-        from agentrl.preflight import locate_model_dir
-
-        folder = locate_model_dir(config.model.path)
-        return load_tokenizer(folder), str(folder)
-    return tiny_tokenizer(config.train.seed), "the tiny built-in model's"

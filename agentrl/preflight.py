@@ -98,12 +98,24 @@ class Preflight:
 
         return load_tokenizer(self.model.folder)
 
+    @property
+    def tokenizer_name(self) -> str:
+        """Where :attr:`tokenizer` comes from, for printed tables."""
+        return str(self.model.folder) if self.model.folder else "the tiny built-in model's"
+
     def prompt_budget(self, index: int) -> Any:
         """Environment ``index``'s first prompt by part (``agentrl.context_budget``)."""
         from agentrl.context_budget import measure_first_prompt
 
         env = self.config.environments[index]
-        return measure_first_prompt(self.environment(index), self.tokenizer, env.display_name())
+        # the environment and the model folder raise ConfigErrors of their own
+        built, tokenizer = self.environment(index), self.tokenizer
+        try:
+            return measure_first_prompt(built, tokenizer, env.display_name())
+        except Exception as exc:  # a user reset or tool_schemas can raise anything
+            raise ConfigError(f"environments[{index}] ({env.id}): its first prompt cannot be "
+                              f"built: {type(exc).__name__}: {_one_line(exc)}; "
+                              f"`agentrl check-env {env.id}` shows where") from None
 
     def first_prompt_tokens(self, index: int) -> int:
         """Tokens of environment ``index``'s longest first prompt (system, task and tool
@@ -196,8 +208,7 @@ def check_context_budget(pf: Preflight) -> str:
     from agentrl.context_budget import describe_budgets, refuse_over_budget
 
     budgets = [pf.prompt_budget(i) for i in range(len(pf.config.environments))]
-    name = str(pf.model.folder) if pf.model.folder else "the tiny built-in model's"
-    table = describe_budgets(budgets, pf.config, name)
+    table = describe_budgets(budgets, pf.config, pf.tokenizer_name)
     try:
         refuse_over_budget(budgets, pf.config)
     except ConfigError:

@@ -10,13 +10,9 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.config import CompactionConfig, ConfigError, RolloutConfig, config_from_dict
-from agentrl.context_budget import (
-    budget_problem,
-    check_context_budget,
-    measure_first_prompt,
-    plan_tokenizer,
-)
+from agentrl.context_budget import budget_problem, measure_first_prompt
 from agentrl.model.tiny import tiny_tokenizer
+from agentrl.preflight import Preflight, check_context_budget
 from agentrl.registry import make
 from agentrl.rollout.multi_turn import RolloutSpec, play_rollout
 from tests.rollout.stand_ins import RecordingEngine, ScriptedEngine
@@ -65,19 +61,20 @@ def test_the_longest_task_counts(tokenizer):
     assert measure_first_prompt(env, tokenizer, "calc", num_tasks=8).total == max(lengths)
 
 
-def test_a_first_prompt_over_the_budget_is_refused_in_one_line(tokenizer):
-    fits = check_context_budget(config(100_000), tokenizer)
-    total = fits[0].total
-    assert budget_problem(fits[0], config(total)) is None  # exactly at the budget: fits
+def test_a_first_prompt_over_the_budget_is_refused_in_one_line():
+    # plan's check, with the tiny built-in tokenizer (no model.path)
+    calc = Preflight(config(100_000)).prompt_budget(0)
+    total = calc.total
+    assert budget_problem(calc, config(total)) is None  # exactly at the budget: fits
     with pytest.raises(ConfigError) as caught:
-        check_context_budget(config(total - 1), tokenizer)
+        check_context_budget(Preflight(config(total - 1)))
     message = str(caught.value)
     assert "\n" not in message
     assert f"'calc': its first prompt is {total} tokens" in message
     assert f"compaction.max_context_tokens = {total - 1}" in message
     assert f"at least {total + 40}" in message  # the prompt plus one turn of 40
     # without compaction there is no context budget to refuse
-    assert check_context_budget(config(total - 1, strategy="none"), tokenizer)
+    assert check_context_budget(Preflight(config(total - 1, strategy="none")))
 
 
 def test_plan_prints_every_environment_and_refuses_over_budget(tmp_path, capsys):
@@ -102,7 +99,8 @@ def test_plan_uses_the_configured_model_tokenizer():
                             "model": {"path": "assets/quickstart-sft"}})
     from agentrl.model import load_tokenizer
 
-    tokenizer, name = plan_tokenizer(cfg)
+    preflight = Preflight(cfg)
+    tokenizer, name = preflight.tokenizer, preflight.tokenizer_name
     shipped = load_tokenizer("assets/quickstart-sft")
     assert name.endswith("quickstart-sft") and tokenizer.vocab_size == shipped.vocab_size
     text = "Numbers: 3, 4\nTarget: 12"

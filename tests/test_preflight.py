@@ -10,10 +10,18 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
+from agentrl.env import AgentEnv
 from agentrl.model import build_tiny_checkpoint
 from agentrl.preflight import CHECKS, Preflight, accepted_keywords, run_checks
 
 POSITIONS = 512
+
+
+class ResetRaisesEnv(AgentEnv):
+    """Builds fine; drawing a task raises (a missing data row, a broken generator)."""
+
+    def sample_task(self, rng):
+        raise RuntimeError("no task rows left")
 
 CONFIG = """
 [model]
@@ -85,6 +93,11 @@ REFUSED = [
     ("context budget past the positions", ["compaction.max_context_tokens=500",
                                            "batch.max_tokens_per_microbatch=2048"],
      "the longest row passes the model's 512 positions (max_position_embeddings of "),
+    ("an environment whose reset raises", ['environments.1.id="tests.test_preflight:'
+                                           'ResetRaisesEnv"', "environments.1.kwargs={}"],
+     "environments[1] (tests.test_preflight:ResetRaisesEnv): its first prompt cannot be "
+     "built: RuntimeError: no task rows left; `agentrl check-env "
+     "tests.test_preflight:ResetRaisesEnv` shows where"),
     ("micro-batch budget smaller than a row", ["batch.max_tokens_per_microbatch=200"],
      "batch.max_tokens_per_microbatch = 200 is smaller than the longest possible row "
      "(compaction.max_context_tokens + rollout.max_new_tokens = 256 + 32 = 288); raise "

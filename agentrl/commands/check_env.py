@@ -103,7 +103,7 @@ async def _check_open(args: argparse.Namespace, env: Any) -> int:
     print("tools offered:")
     schemas = await env.tool_schemas()
     print(json.dumps(schemas, indent=2) if schemas else "  (none)")
-    if not _print_context_budget(args, _json_kwargs(args.kwargs)):
+    if not await _print_context_budget(args, _json_kwargs(args.kwargs), env):
         return 1
     actions = _load_actions(args.actions) if args.actions else None
     print(await env.caller.call(_policy_line, (actions,), {}, args.timeout, what="step"))
@@ -232,17 +232,15 @@ def _policy_line(env: Any, actions: list[str] | None) -> str:
             "docs/writing-environments.md)")
 
 
-def _print_context_budget(args: argparse.Namespace, kwargs: dict) -> bool:
-    """Print the first prompt's tokens against the budget; False when it does not fit."""
+async def _print_context_budget(args: argparse.Namespace, kwargs: dict, env: Any) -> bool:
+    """Print the first prompt's tokens against the budget (measured in the worker, under
+    the deadline); False when it does not fit or cannot be built."""
     import msgspec
 
-    from agentrl.config import EnvironmentConfig, config_from_dict, load_config
-    from agentrl.context_budget import (
-        budget_problem,
-        describe_budgets,
-        measure_environments,
-        plan_tokenizer,
-    )
+    from agentrl.config import ConfigError, EnvironmentConfig, config_from_dict, load_config
+    from agentrl.context_budget import budget_problem, describe_budgets
+    from agentrl.preflight import Preflight
+    from agentrl.rollout.env_contract import EnvError
 
     if args.config:
         config = load_config(args.config)
@@ -250,13 +248,35 @@ def _print_context_budget(args: argparse.Namespace, kwargs: dict) -> bool:
         config = config_from_dict({"environments": [{"id": args.env, "kwargs": kwargs}]})
     env_config = EnvironmentConfig(id=args.env, kwargs=kwargs)
     config = msgspec.structs.replace(config, environments=[env_config])
-    tokenizer, tokenizer_name = plan_tokenizer(config)
-    budget = measure_environments(config, tokenizer)[0]
-    print(describe_budgets([budget], config, tokenizer_name))
+    preflight = Preflight(config)
+    try:
+        folder, name = preflight.model.folder, preflight.tokenizer_name
+    except ConfigError as exc:
+        print(f"error: {exc}")
+        return False
+    try:
+        budget = await env.caller.call(_first_prompt_budget,
+                                       (folder, config.train.seed, env_config.display_name()),
+                                       {}, args.timeout, what="reset")
+    except EnvError as exc:
+        print(f"violation ({exc.kind}): {exc}")
+        return False
+    print(describe_budgets([budget], config, name))
     problem = budget_problem(budget, config)
     if problem is not None:
         print(f"error: {problem}")
     return problem is None
+
+
+def _first_prompt_budget(env: Any, folder: Path | None, seed: int, name: str) -> Any:
+    """In the worker: the first prompt's tokens by part, with the model's tokenizer (or the
+    tiny built-in one that ``seed`` builds)."""
+    from agentrl.context_budget import measure_first_prompt
+    from agentrl.model import load_tokenizer
+    from agentrl.model.tiny import tiny_tokenizer
+
+    tokenizer = load_tokenizer(folder) if folder else tiny_tokenizer(seed)
+    return measure_first_prompt(env, tokenizer, name)
 
 
 def _print_traceback(exc: Any) -> None:
