@@ -12,9 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-STOPPED = 3
-"""Exit status of a run stopped by train.max_invalid_fraction (an environment is broken)."""
-
 HELP = "Train a policy with RL on the config's environments (metrics, checkpoints, resume)."
 STOPPED = 3
 """Exit status when the run stopped itself (``train.max_invalid_fraction``)."""
@@ -32,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="continue from the newest checkpoint in --out: no rollout "
                              "lost or trained twice; bit-exact with train.deterministic "
                              "(docs/resume.md)")
+    parser.add_argument("--checked", action="store_true", help=argparse.SUPPRESS)
+    # (--checked: the local launcher already printed the plan and ran the plan-time checks)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,9 +46,10 @@ def run(args: argparse.Namespace) -> int:
     if needs_local_launch(config):
         print(describe_plan(plan_batches(config)))
         _preflight(config, out, args.resume)
-        return launch_local_ranks(config.train.num_ranks, _command_line(args, out),
+        return launch_local_ranks(config.train.num_ranks,
+                                  [*_command_line(args, out), "--checked"],
                                   stopped_status=STOPPED)
-    state, rank = _train(config, out, args.resume)
+    state, rank = _train(config, out, args.resume, args.checked)
     if state is None:  # stopped: an environment is mostly broken (summary printed)
         return STOPPED
     if rank == 0:
@@ -73,13 +73,14 @@ def _preflight(config: Any, out: Path, resume: bool) -> None:
             print(f"removed {stale}: a partial checkpoint left by a killed run")
 
 
-def _train(config: Any, out: Path, resume: bool) -> tuple[Any, int]:
-    """Train on this rank; (the final state or None when stopped, this rank)."""
+def _train(config: Any, out: Path, resume: bool, checked: bool = False) -> tuple[Any, int]:
+    """Train on this rank; (the final state or None when stopped, this rank). ``checked``:
+    the plan-time checks already ran (in the local launcher)."""
     from agentrl.parallel import groups
     from agentrl.rollout.health import RunStopped
 
     try:
-        return _train_rank(config, out, resume), groups.get_rank()
+        return _train_rank(config, out, resume, checked), groups.get_rank()
     except RunStopped as exc:  # an environment is mostly broken: a summary, not a traceback
         if groups.get_rank() == 0:
             print(f"stopped: {exc}", file=sys.stderr)
@@ -88,7 +89,7 @@ def _train(config: Any, out: Path, resume: bool) -> tuple[Any, int]:
         groups.destroy_process_group()
 
 
-def _train_rank(config: Any, out: Path, resume: bool) -> Any:
+def _train_rank(config: Any, out: Path, resume: bool, checked: bool) -> Any:
     """Join the group, build the run and train it; the final state."""
     from agentrl.accounting import describe_plan, plan_batches
     from agentrl.parallel import groups
@@ -98,12 +99,13 @@ def _train_rank(config: Any, out: Path, resume: bool) -> Any:
 
     limits = timeouts(config)
     groups.init_process_group(limits.collective_s)
-    # rank 0 checks while the others wait outside any collective
-    groups.run_on_main("preflight", lambda: _preflight(config, out, resume),
-                       limits.wait_for_rank0_s)
+    if not checked:  # rank 0 checks while the others wait outside any collective
+        groups.run_on_main("preflight", lambda: _preflight(config, out, resume),
+                           limits.wait_for_rank0_s)
     run_ = build_run(config, out, resume=resume)
-    if run_.is_main:
+    if run_.is_main and not checked:
         print(describe_plan(plan_batches(config)))
+    if run_.is_main:
         print(f"ranks: {run_.world_size} (FSDP2 over {run_.world_size}), compute dtype "
               f"{str(run_.compute_dtype).removeprefix('torch.')}, fp32 master weights")
         if resume:

@@ -124,7 +124,10 @@ def test_every_rank_stops_together(tmp_path, model_dir, capfd):
     status, out = run_training(tmp_path, model_dir, "RaisingEnv", steps=4, group_size=8,
                                fraction=0.5, overrides=("train.num_ranks=2",))
     assert status == 3
-    assert capfd.readouterr().err.count("is mostly broken: 16 of its 16 rollouts") == 1
+    captured = capfd.readouterr()
+    assert captured.err.count("is mostly broken: 16 of its 16 rollouts") == 1
+    assert captured.out.count("per collection:") == 1  # the launcher's plan, not again
+    assert captured.out.count("context budget (first prompt") == 1
     assert [r["step"] for r in metrics(out)] == [1]
 
 
