@@ -56,7 +56,10 @@ def _unsharded_worker(rank: int) -> None:
     mbs = micro_batches_for(rows, advantages, [[rank, rank + 2]])
     with pytest.raises(ValueError, match="FSDP2-sharded"):
         forward_backward(make_model(), mbs, CFG, process_group=None)
-    list(iter_full_parameters(make_model()))  # a plain model needs no gather
+    plain = make_model()  # a plain model needs no gather: its own tensors, every one
+    full = dict(iter_full_parameters(plain))
+    assert full.keys() == dict(plain.named_parameters()).keys()
+    assert all(torch.equal(full[n], p) for n, p in plain.named_parameters())
 
 
 def test_several_ranks_refuse_a_model_that_would_not_sum_gradients() -> None:

@@ -209,10 +209,11 @@ def measure_cuda_peak(config: Config, model: nn.Module | None = None,
     from agentrl.memory.plan import plan_memory, resolve_activation_checkpointing
     from agentrl.model import load_pretrained
     from agentrl.model.shapes import model_shape
+    from agentrl.parallel.fsdp import compute_dtype
     from agentrl.update import forward_backward
 
     args = model_shape(config.model.path)
-    dtype = getattr(torch, config.model.dtype)
+    dtype = compute_dtype(config.model.dtype, torch.device("cuda"))  # "auto" too
     if model is None:
         if (Path(config.model.path) / "config.json").is_file():
             model = load_pretrained(config.model.path, dtype=dtype,

@@ -118,12 +118,6 @@ def all_reduce_scalar(
     return float(all_reduce_sum(tensor, group).item())
 
 
-def barrier(group: dist.ProcessGroup | None = None) -> None:
-    """Wait until every rank arrives (a no-op on one rank)."""
-    if is_distributed(group):
-        dist.barrier(group=group)
-
-
 def broadcast_object(obj: Any, group: dist.ProcessGroup | None = None) -> Any:
     """Rank 0's ``obj`` on every rank (picklable; a no-op on one rank)."""
     if not is_distributed(group):

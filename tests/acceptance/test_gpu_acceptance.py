@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ def test_gpu_acceptance_dry_run_passes_every_check_it_can_run_here() -> None:
 
 
 def test_gpu_acceptance_refuses_to_run_without_a_gpu_unless_dry_run() -> None:
+    no_gpu = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # also on a machine that has one
     proc = subprocess.run([sys.executable, "-m", "bench.gpu_acceptance"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=no_gpu)
     assert proc.returncode != 0 and "no CUDA device" in proc.stderr

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now (for the rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from agentrl.engines.collective import free_port
 
 
 def _rank_main(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
