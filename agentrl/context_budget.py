@@ -43,7 +43,13 @@ class PromptBudget(msgspec.Struct, frozen=True):
 def measure_first_prompt(env: Any, tokenizer: Any, name: str,
                          num_tasks: int = NUM_TASKS) -> PromptBudget:
     """The first prompt's tokens by part, for the longest of ``num_tasks`` train tasks."""
-    tools = env.tool_schemas() or None
+    heads = [env.reset(seed=seed)[0] for seed in range(num_tasks)]
+    return budget_of_prompts(heads, env.tool_schemas() or None, tokenizer, name)
+
+
+def budget_of_prompts(heads: list[Any], tools: list[dict[str, Any]] | None, tokenizer: Any,
+                      name: str) -> PromptBudget:
+    """The longest of these first prompts (each the task's reset messages) by part."""
 
     def count(messages: list[dict[str, Any]], with_tools: bool, prompt: bool) -> int:
         if not messages:
@@ -53,8 +59,8 @@ def measure_first_prompt(env: Any, tokenizer: Any, name: str,
         return len(tokenizer.encode(text))
 
     longest: PromptBudget | None = None
-    for seed in range(num_tasks):
-        head = as_dicts(env.reset(seed=seed)[0])
+    for messages in heads:
+        head = as_dicts(messages)
         num_system = next((i for i, m in enumerate(head) if m["role"] != "system"), len(head))
         total = count(head, with_tools=True, prompt=True)
         without_tools = count(head, with_tools=False, prompt=True)

@@ -40,6 +40,13 @@ def clip(text: str, max_chars: int, what: str = "text") -> str:
     return text[:kept] + f"\n[... {len(text) - kept} more characters of {what} cut]"
 
 
+def brief(message: str, max_chars: int = 300) -> str:
+    """An exception's message as one line of about ``max_chars`` characters, for the
+    one-line failure reason (the traceback keeps the whole of it)."""
+    flat = " ".join(message.split())
+    return flat if len(flat) <= max_chars else f"{flat[:max_chars]}... ({len(flat)} characters)"
+
+
 def short_repr(value: object, max_chars: int = 80) -> str:
     """``repr`` of a value for an error message, cut to about ``max_chars`` characters
     (never raises: an int too long to print is named by its type)."""

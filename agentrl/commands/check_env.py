@@ -233,12 +233,17 @@ def _policy_line(env: Any, actions: list[str] | None) -> str:
 
 
 async def _print_context_budget(args: argparse.Namespace, kwargs: dict, env: Any) -> bool:
-    """Print the first prompt's tokens against the budget (measured in the worker, under
-    the deadline); False when it does not fit or cannot be built."""
+    """Print the first prompt's tokens against the budget (the tasks drawn through the
+    guarded instance, under the deadline); False when it does not fit or breaks."""
     import msgspec
 
     from agentrl.config import ConfigError, EnvironmentConfig, config_from_dict, load_config
-    from agentrl.context_budget import budget_problem, describe_budgets
+    from agentrl.context_budget import (
+        NUM_TASKS,
+        budget_of_prompts,
+        budget_problem,
+        describe_budgets,
+    )
     from agentrl.preflight import Preflight
     from agentrl.rollout.env_contract import EnvError
 
@@ -250,33 +255,21 @@ async def _print_context_budget(args: argparse.Namespace, kwargs: dict, env: Any
     config = msgspec.structs.replace(config, environments=[env_config])
     preflight = Preflight(config)
     try:
-        folder, name = preflight.model.folder, preflight.tokenizer_name
+        tokenizer, name = preflight.tokenizer, preflight.tokenizer_name
+        heads = [await env.reset(seed) for seed in range(NUM_TASKS)]
+        tools = await env.tool_schemas()
     except ConfigError as exc:
         print(f"error: {exc}")
         return False
-    try:
-        budget = await env.caller.call(_first_prompt_budget,
-                                       (folder, config.train.seed, env_config.display_name()),
-                                       {}, args.timeout, what="reset")
     except EnvError as exc:
         print(f"violation ({exc.kind}): {exc}")
         return False
+    budget = budget_of_prompts(heads, tools or None, tokenizer, env_config.display_name())
     print(describe_budgets([budget], config, name))
     problem = budget_problem(budget, config)
     if problem is not None:
         print(f"error: {problem}")
     return problem is None
-
-
-def _first_prompt_budget(env: Any, folder: Path | None, seed: int, name: str) -> Any:
-    """In the worker: the first prompt's tokens by part, with the model's tokenizer (or the
-    tiny built-in one that ``seed`` builds)."""
-    from agentrl.context_budget import measure_first_prompt
-    from agentrl.model import load_tokenizer
-    from agentrl.model.tiny import tiny_tokenizer
-
-    tokenizer = load_tokenizer(folder) if folder else tiny_tokenizer(seed)
-    return measure_first_prompt(env, tokenizer, name)
 
 
 def _print_traceback(exc: Any) -> None:

@@ -40,7 +40,7 @@ from agentrl.rollout.env_contract import (
     check_step,
     check_tool_schemas,
 )
-from agentrl.text import short_repr
+from agentrl.text import brief
 from agentrl.types import Message
 
 ISOLATIONS = ("thread", "process")
@@ -135,7 +135,7 @@ def _raised(name: str, what: str, exc: BaseException, tb: str | None = None) -> 
         message = "<unprintable>"
     return EnvError(f"{what}_raised",
                     f"env {name!r}: {_called(what)} raised {type(exc).__name__}: "
-                    f"{short_repr(message, 300)[1:-1]}",
+                    f"{brief(message)}",
                     tb or "".join(traceback.format_exception(exc)))
 
 
@@ -377,7 +377,7 @@ class ProcessCaller:
         if reply[0] == "raised":
             _, type_name, message, tb = reply
             raise EnvError(f"{what}_raised", f"env {self.name!r}: {_called(what)} raised "
-                           f"{type_name}: {short_repr(message, 300)[1:-1]}", tb)
+                           f"{type_name}: {brief(message)}", tb)
         raise EnvError(f"{what}_raised", f"env {self.name!r}: unexpected reply {reply[0]!r}")
 
     async def _receive(self, what: str, timeout_s: float) -> tuple:

@@ -176,7 +176,7 @@ def test_tool_messages_are_valid_utf8_and_bounded():
 
 
 def test_text_helpers():
-    from agentrl.text import clip, short_repr, valid_utf8
+    from agentrl.text import brief, clip, short_repr, valid_utf8
 
     assert valid_utf8("ok") == "ok" and valid_utf8("a\ud800") == "a\ufffd"
     assert valid_utf8("\ud83d\ude00") == "\U0001f600"  # a pair written as two code points
@@ -185,3 +185,5 @@ def test_text_helpers():
     assert cut == "x" * 25 + "\n[... 75 more characters of it cut]" and len(cut) == 60
     assert short_repr(10 ** 5000) == "<int that cannot be printed>"
     assert short_repr("y" * 500, 10) == "'yyyyyyyyyy'... (500 characters)"
+    assert brief("z" * 500, 10) == "zzzzzzzzzz... (500 characters)"  # no quote lost
+    assert brief("line one\n  line two") == "line one line two"
