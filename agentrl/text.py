@@ -40,6 +40,14 @@ def clip(text: str, max_chars: int, what: str = "text") -> str:
     return text[:kept] + f"\n[... {len(text) - kept} more characters of {what} cut]"
 
 
+def exception_message(exc: BaseException) -> str:
+    """``str(exc)``, or "<unprintable>" when its ``__str__`` raises."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises
+        return "<unprintable>"
+
+
 def brief(message: str, max_chars: int = 300) -> str:
     """An exception's message as one line of about ``max_chars`` characters, for the
     one-line failure reason (the traceback keeps the whole of it)."""

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from agentrl.text import clip, short_repr, valid_utf8
+from agentrl.text import brief, clip, exception_message, short_repr, valid_utf8
 from agentrl.types import Message
 
 ERROR_KINDS = (
@@ -318,7 +318,7 @@ def _call_with_timeout(bound: BoundTool, kwargs: dict, timeout_s: float) -> Tool
         try:
             box["result"] = bound.fn(**kwargs)
         except Exception as exc:  # the tool's own failure goes back to the model
-            box["error"] = f"{type(exc).__name__}: {exc}"
+            box["error"] = f"{type(exc).__name__}: {brief(exception_message(exc))}"
 
     thread = threading.Thread(target=target, daemon=True, name=f"tool-{bound.spec.name}")
     thread.start()
@@ -332,9 +332,15 @@ def _call_with_timeout(bound: BoundTool, kwargs: dict, timeout_s: float) -> Tool
 
 
 def _to_text(result: Any) -> str:
+    """The tool's result as the observation's text; never raises (an int too long to
+    print, or an object whose ``__str__`` fails, is named instead)."""
     if isinstance(result, str):
         return result
     try:
         return json.dumps(result)
     except (TypeError, ValueError):
+        pass
+    try:
         return str(result)
+    except Exception:  # noqa: BLE001 - e.g. ValueError for an int past 4300 digits
+        return short_repr(result)

@@ -40,7 +40,7 @@ from agentrl.rollout.env_contract import (
     check_step,
     check_tool_schemas,
 )
-from agentrl.text import brief
+from agentrl.text import brief, exception_message
 from agentrl.types import Message
 
 ISOLATIONS = ("thread", "process")
@@ -129,13 +129,9 @@ def _range(value: Any) -> tuple[float, float] | None:
 
 
 def _raised(name: str, what: str, exc: BaseException, tb: str | None = None) -> EnvError:
-    try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001
-        message = "<unprintable>"
     return EnvError(f"{what}_raised",
                     f"env {name!r}: {_called(what)} raised {type(exc).__name__}: "
-                    f"{brief(message)}",
+                    f"{brief(exception_message(exc))}",
                     tb or "".join(traceback.format_exception(exc)))
 
 

@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.text import clip
+from agentrl.text import clip, exception_message
 
 PRELOAD = ["__main__", "agentrl.rollout.env_worker", "agentrl.registry",
            "agentrl.rollout.env_contract"]
@@ -75,11 +75,7 @@ def worker_main(conn: multiprocessing.connection.Connection, factory: Callable[[
 
 
 def _failure(exc: BaseException) -> tuple[str, str, str, str]:
-    try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001 - an exception whose __str__ raises
-        message = "<unprintable>"
-    return ("raised", type(exc).__name__, clip(message, 2000),
+    return ("raised", type(exc).__name__, clip(exception_message(exc), 2000),
             "".join(traceback.format_exception(exc)))
 
 

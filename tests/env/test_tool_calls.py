@@ -159,6 +159,40 @@ class EchoEnv(ToyEnv):
         return text * 1000
 
 
+class AwkwardResultsEnv(EchoEnv):
+    """Tools whose result or error cannot simply be printed."""
+
+    @tool
+    def big(self, digits: int) -> int:
+        """A number of that many digits.
+
+        Args:
+            digits: How many.
+        """
+        return 10 ** (digits - 1)
+
+    @tool
+    def fail(self, why: str) -> str:
+        """Raise an exception that cannot print itself.
+
+        Args:
+            why: Ignored.
+        """
+
+        class Unprintable(RuntimeError):
+            def __str__(self) -> str:
+                raise ValueError("no")
+
+        raise Unprintable
+
+
+def test_results_and_errors_that_cannot_be_printed_still_answer_the_model():
+    env = AwkwardResultsEnv()
+    obs, *_ = step(env, call("big", {"digits": 5000}) + call("fail", {"why": "x"}))
+    assert obs[0].content == "<int that cannot be printed>"  # json and str both raise
+    assert obs[1].content.endswith("Unprintable: <unprintable>")
+
+
 def test_tool_messages_are_valid_utf8_and_bounded():
     # a tool echoing model JSON "\ud800" once made the tokenizer raise; huge output and an
     # error echoing a 100,000-character tool name once flooded the context
