@@ -221,6 +221,12 @@ async def play_demonstrations(
     from agentrl.rollout.episode import CURRENT_ROLLOUT
     from agentrl.rollout.runner import RolloutRunner
 
+    if config.compaction.strategy == "summarize":
+        raise ConfigError(
+            'compaction.strategy = "summarize" asks the model for a summary, and a '
+            "demonstration has none to give (its scripted reply would be trained on as the "
+            'summary); warm-start with --set compaction.strategy="drop_oldest", then train '
+            "with summarize")
     policies = policies if policies is not None else demonstration_policies(config)
     single = msgspec.structs.replace(
         config,

@@ -114,6 +114,13 @@ def test_demonstrations_are_compacted_like_training_rollouts(tokenizer):
     assert "earlier turn(s) were removed" in later  # the compacted context was trained on
 
 
+def test_summarizing_compaction_is_refused_since_a_script_writes_no_summary(tokenizer):
+    cfg = config({"id": "agentrl/KVStore-v0", "name": "kv"},
+                 compaction={"strategy": "summarize", "max_context_tokens": 760})
+    with pytest.raises(ConfigError, match='--set compaction.strategy="drop_oldest"'):
+        play(cfg, tokenizer, 4)
+
+
 def test_a_jsonl_of_trajectories_demonstrates_an_environment_without_a_policy(
         tmp_path, tokenizer):
     from agentrl.registry import make
