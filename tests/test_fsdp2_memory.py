@@ -1,7 +1,8 @@
 """Activation checkpointing and the chunked log-prob head under FSDP2 (2 gloo ranks).
 
-Each decoder layer is its own ``fully_shard`` unit and the root holds the embeddings, the
-final norm and the (tied) LM head, as the trainer shards the model. With checkpointing
+The model is sharded by the trainer's own ``shard_model``: each decoder layer its own
+``fully_shard`` unit, the root holding the embeddings, the final norm and the (tied) LM
+head, gradients summed over ranks. With checkpointing
 on, FSDP2 must gather a layer's parameters again for its recomputation in backward, and
 the head must read its gathered weight inside the model's forward. The summed gradient
 over both ranks must equal one process's gradient over both ranks' data without
@@ -13,11 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from agentrl.model import ModelArgs
 from agentrl.model.tiny import init_model
+from tests.parallel.ranks import spawn_ranks
 
 NUM_RANKS = 2
 VOCAB = 97
@@ -44,27 +44,19 @@ def _loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tenso
     return (scores.logprobs * batch["weights"]).sum()
 
 
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    from torch.distributed.fsdp import fully_shard
+def _worker(rank: int, out_dir: str) -> None:
+    from agentrl.parallel.fsdp import shard_model
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=NUM_RANKS)
-    try:
-        model = init_model(ARGS, seed=0)
-        model.configure_memory(activation_checkpointing=True, logprob_chunk_tokens=5)
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
-        _loss(model, _batch(rank)).backward()
-        grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
-        torch.save(grads, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    model = init_model(ARGS, seed=0)
+    model.configure_memory(activation_checkpointing=True, logprob_chunk_tokens=5)
+    shard_model(model, None, torch.device("cpu"))  # as the trainer shards it: gradients sum
+    _loss(model, _batch(rank)).backward()
+    grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+    torch.save(grads, Path(out_dir) / f"rank{rank}.pt")
 
 
 def test_checkpointed_layers_and_chunked_head_under_fully_shard(tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=NUM_RANKS)
+    spawn_ranks(NUM_RANKS, _worker, str(tmp_path))
     model = init_model(ARGS, seed=0)
     model.configure_memory(activation_checkpointing=False)
     for rank in range(NUM_RANKS):
@@ -74,7 +66,6 @@ def test_checkpointed_layers_and_chunked_head_under_fully_shard(tmp_path: Path) 
         grads = torch.load(tmp_path / f"rank{rank}.pt")
         assert grads.keys() == reference.keys()  # parameter names unchanged by checkpointing
         for name, grad in grads.items():
-            # FSDP2 averages over ranks by default; the reference summed both batches
-            torch.testing.assert_close(grad * NUM_RANKS, reference[name], atol=1e-5,
-                                       rtol=1e-5, msg=name)
+            # the trainer's sharding sums over ranks, as the reference summed both batches
+            torch.testing.assert_close(grad, reference[name], atol=1e-5, rtol=1e-5, msg=name)
     assert reference["model.embed_tokens.weight"].abs().max() > 1e-3
