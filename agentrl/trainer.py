@@ -209,7 +209,7 @@ def run_updates(
                                       temperature))
         norms.append(clip_grad_norm(run.model, run.config.optim.max_grad_norm))
         lrs.append(run.optimizer.param_groups[0]["lr"])
-        why = step_if_finite(run.model, run.optimizer, stats[-1], norms[-1], run.process_group)
+        why = step_if_finite(run.optimizer, stats[-1], norms[-1])
         if why is not None:
             skipped += 1
             warnings.warn(f"step {run.state.step + 1}, update {index + 1} of {len(batches)}: "

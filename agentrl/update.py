@@ -163,22 +163,18 @@ def with_logprobs(
     ]
 
 
-def step_if_finite(model: nn.Module, optimizer: torch.optim.Optimizer, stats: UpdateStats,
-                   grad_norm: float,
-                   process_group: torch.distributed.ProcessGroup | None = None) -> str | None:
+def step_if_finite(optimizer: torch.optim.Optimizer, stats: UpdateStats,
+                   grad_norm: float) -> str | None:
     """Take the optimizer step unless the update's loss or gradient norm is not finite;
     returns why it was skipped (None when the step was taken).
 
-    Call after ``forward_backward`` and ``clip_grad_norm``. All ranks decide together (one
-    all-reduced flag), so a NaN seen by any rank skips the update everywhere and the
-    weights stay identical across ranks; a skipped update leaves the weights and the
-    optimizer's moments untouched (its NaN gradients are zeroed by the next update).
+    Call after ``forward_backward`` and ``clip_grad_norm``. Both figures are already
+    summed over ranks (the loss by ``forward_backward``, the norm over all shards), so
+    every rank takes the same decision and the weights stay identical across ranks; a
+    skipped update leaves the weights and the optimizer's moments untouched (its NaN
+    gradients are zeroed by the next update).
     """
-    finite = math.isfinite(stats.loss) and math.isfinite(grad_norm)
-    bad_ranks = groups.all_reduce_scalar(0.0 if finite else 1.0, process_group,
-                                              _device_of(model))
-    if bad_ranks == 0:
+    if math.isfinite(stats.loss) and math.isfinite(grad_norm):
         optimizer.step()
         return None
-    return (f"non-finite update (loss {stats.loss}, gradient norm {grad_norm}, on "
-            f"{int(bad_ranks)} rank(s))")
+    return f"non-finite update (loss {stats.loss}, gradient norm {grad_norm})"

@@ -158,13 +158,13 @@ def test_step_if_finite_leaves_weights_and_moments_alone(loss, norm):
     before = {n: t.clone() for n, t in model.state_dict().items()}
     for p in model.parameters():
         p.grad = torch.full_like(p, math.nan)
-    why = step_if_finite(model, optimizer, _stats(loss), norm)
+    why = step_if_finite(optimizer, _stats(loss), norm)
     assert why is not None and "non-finite update" in why
     assert all(torch.equal(before[n], t) for n, t in model.state_dict().items())
     assert not optimizer.state  # no moments were touched
     for p in model.parameters():
         p.grad = torch.ones_like(p)
-    assert step_if_finite(model, optimizer, _stats(0.5), 2.0) is None
+    assert step_if_finite(optimizer, _stats(0.5), 2.0) is None
     assert not torch.equal(before["weight"], model.weight)
 
 
