@@ -68,14 +68,15 @@ def _device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def target_scores(model: nn.Module, mb: MicroBatch, temperature: float = 1.0) -> TokenScores:
+def target_scores(model: nn.Module, mb: MicroBatch, temperature: float = 1.0,
+                  with_entropy: bool = True) -> TokenScores:
     """Log-probs and entropy of the micro-batch's targets under the distribution the
     engine sampled from: logits divided by the rollout temperature, as the engines do
     before reporting log-probs (a temperature of 0, greedy, reports log-probs at
     temperature 1). Without this, ratios are off whenever T != 1. The model computes them
     from its hidden states in chunks (no [T, V] logits)."""
     return model(mb.input_ids, mb.position_ids, mb.cu_seqlens, targets=mb.target_ids,
-                 temperature=temperature)
+                 temperature=temperature, with_entropy=with_entropy)
 
 
 def forward_backward(
@@ -147,7 +148,8 @@ def score(
     out = []
     for mb in micro_batches:
         mb = mb.to(device)
-        out.append(target_scores(model, mb, temperature).logprobs * mb.loss_mask)
+        scores = target_scores(model, mb, temperature, with_entropy=False)
+        out.append(scores.logprobs * mb.loss_mask)
     return out
 
 

@@ -30,8 +30,9 @@ class TokenScores(NamedTuple):
 
     logprobs: Tensor
     """[B, T] float32: log_softmax(logits / T)[target] per position, differentiable."""
-    entropy: Tensor
-    """[B, T] float32: entropy of softmax(logits / T) per position (no gradient)."""
+    entropy: Tensor | None
+    """[B, T] float32: entropy of softmax(logits / T) per position (no gradient); None
+    when not asked for (scoring passes only need the log-probs)."""
 
 
 def temperature_scale(temperature: float) -> float:
@@ -69,7 +70,8 @@ def entropy_from_scaled(z_nv: Tensor, lse_n: Tensor) -> Tensor:
 
 
 def chunked_target_logprobs(
-    hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk: int
+    hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk: int,
+    with_entropy: bool = True,
 ) -> TokenScores:
     """Log-prob and entropy of each target from final hidden states, ``chunk`` tokens at
     a time: hidden [..., H], weight (the LM head) [V, H], targets [...] → TokenScores of
@@ -84,9 +86,10 @@ def chunked_target_logprobs(
                          f"{tuple(hidden.shape[:-1])}, one target per position")
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     logprobs, entropy = _ChunkedHead.apply(
-        flat_hidden, weight, targets.reshape(-1), temperature, chunk, tuple(targets.shape)
+        flat_hidden, weight, targets.reshape(-1), temperature, chunk, tuple(targets.shape),
+        with_entropy,
     )
-    return TokenScores(logprobs, entropy)
+    return TokenScores(logprobs, entropy if with_entropy else None)
 
 
 class _ChunkedHead(torch.autograd.Function):
@@ -102,11 +105,11 @@ class _ChunkedHead(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
-        chunk: int, shape: tuple[int, ...],
+        chunk: int, shape: tuple[int, ...], with_entropy: bool,
     ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
         logprobs_out = hidden.new_empty(shape, dtype=torch.float32)
-        entropy_out = torch.empty_like(logprobs_out)
+        entropy_out = torch.empty_like(logprobs_out) if with_entropy else logprobs_out.new_empty(0)
         logprobs, entropy = logprobs_out.view(-1), entropy_out.view(-1)
         lse = torch.empty_like(logprobs)
         for start in range(0, n, chunk):
@@ -115,7 +118,8 @@ class _ChunkedHead(torch.autograd.Function):
                 F.linear(hidden[start:end], weight), targets[start:end], temperature
             )
             logprobs[start:end], lse[start:end] = logprobs_c, lse_c
-            entropy[start:end] = entropy_from_scaled(z, lse_c)
+            if with_entropy:
+                entropy[start:end] = entropy_from_scaled(z, lse_c)
             del z
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
@@ -125,7 +129,7 @@ class _ChunkedHead(torch.autograd.Function):
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, grad_logprobs: Tensor, _grad_entropy: Tensor | None
-    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None]:
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None, None]:
         hidden, weight, targets, lse = ctx.saved_tensors
         grad_logprobs = grad_logprobs.reshape(-1)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
@@ -146,7 +150,7 @@ class _ChunkedHead(torch.autograd.Function):
             del z, g
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def _accumulate(total: Tensor | None, a: Tensor, b: Tensor) -> Tensor:

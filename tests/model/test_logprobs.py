@@ -7,6 +7,8 @@ checkpointing on; plus: the [T, V] logits never exist.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -157,3 +159,18 @@ def test_bad_targets_and_chunk_are_refused():
         model(ids, cu_seqlens=CU_SEQLENS, targets=targets[:, :-1])
     with pytest.raises(ValueError, match="logprob_chunk_tokens"):
         model.configure_memory(activation_checkpointing=False, logprob_chunk_tokens=0)
+
+
+def test_scoring_passes_skip_the_entropy_and_get_the_same_logprobs():
+    torch.manual_seed(0)
+    hidden = torch.randn(TOTAL, 16)
+    weight = torch.randn(VOCAB, 16)
+    targets = torch.randint(VOCAB, (TOTAL,))
+    with_entropy = chunked_target_logprobs(hidden, weight, targets, 0.7, chunk=8)
+    without = chunked_target_logprobs(hidden, weight, targets, 0.7, chunk=8,
+                                      with_entropy=False)
+    assert without.entropy is None and with_entropy.entropy is not None
+    assert torch.equal(without.logprobs, with_entropy.logprobs)
+    # the entropy of a uniform distribution is log V: the flag did not break the figure
+    uniform = chunked_target_logprobs(torch.zeros(3, 16), weight, targets[:3], 1.0, chunk=2)
+    torch.testing.assert_close(uniform.entropy, torch.full((3,), math.log(VOCAB)))
