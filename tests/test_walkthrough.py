@@ -10,7 +10,6 @@ smaller batch); argparse and ``--set`` take the last value given.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
 from pathlib import Path
@@ -45,10 +44,7 @@ def doc_commands(text: str) -> list[list[str]]:
 
 
 def runnable(command: list[str]) -> bool:
-    """inspect RUN_DIR and view arrive with the rollout viewer; until then they are skipped
-    (the old ``inspect`` reads a batch file, not a run folder)."""
-    if command[0] in ("inspect", "view"):
-        return importlib.util.find_spec("agentrl.commands.view") is not None
+    """A command of the CLI (a typo on the page fails the test below)."""
     return command[0] in COMMANDS
 
 

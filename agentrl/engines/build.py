@@ -18,6 +18,7 @@ import torch
 
 from agentrl.config import Config, num_local_engines
 from agentrl.engines.router import EngineRouter
+from agentrl.model.kv_cache import kv_cache_bytes
 
 
 def engine_max_len(config: Config, max_position_embeddings: int) -> int:
@@ -166,8 +167,8 @@ def engine_memory(config: Config, num_parameters: int, num_layers: int, num_kv_h
         fraction = float(rollout.vllm_args.get("gpu_memory_utilization", 0.5))
     else:
         max_len = engine_max_len(config, max_position_embeddings)
-        kv = (2 * num_layers * num_kv_heads * head_dim * itemsize
-              * rollout.max_concurrent_rollouts * max_len)
+        kv = kv_cache_bytes(num_layers, rollout.max_concurrent_rollouts, max_len,
+                            num_kv_heads, head_dim, itemsize)
     return EngineMemory(
         num_local_replicas=num_local_engines(rollout), gpus_per_replica=tp,
         colocated=rollout.placement == "colocated",

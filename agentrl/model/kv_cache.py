@@ -9,6 +9,12 @@ from __future__ import annotations
 import torch
 
 
+def kv_cache_bytes(num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
+                   head_dim: int, itemsize: int) -> int:
+    """Bytes a :class:`KVCache` of these dimensions holds (keys and values, every layer)."""
+    return 2 * num_layers * num_slots * max_len * num_kv_heads * head_dim * itemsize
+
+
 class KVCache:
     """Keys and values of every layer, per slot: [num_slots, max_len, kv_heads, head_dim]."""
 

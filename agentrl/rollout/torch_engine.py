@@ -194,9 +194,12 @@ class TorchEngine:
 
     def kv_cache_bytes(self) -> int:
         """Bytes the KV cache takes once allocated (``max_batch_size`` × ``max_len``)."""
+        from agentrl.model.kv_cache import kv_cache_bytes
+
         args = self.model.config
-        per_token = 2 * args.num_hidden_layers * args.num_key_value_heads * args.head_dim
-        return per_token * self.max_batch_size * self.max_len * self.model.dtype.itemsize
+        return kv_cache_bytes(args.num_hidden_layers, self.max_batch_size, self.max_len,
+                              args.num_key_value_heads, args.head_dim,
+                              self.model.dtype.itemsize)
 
     # ------------------------------------------------------------------ internals
 
