@@ -214,8 +214,7 @@ def _vllm_checks(report: Any, tmp: Path) -> None:
                     for g in range(1, min(count, 3))]
         try:
             _sync_checks(report, f"[engines] {len(separate)} vLLM replica(s), NCCL",
-                         EngineRouter(separate), model_dir, tmp,
-                         lambda: separate[0].weight_version)
+                         EngineRouter(separate), model_dir, separate[0].served_version)
         finally:
             for engine in separate:
                 engine.shutdown()
@@ -232,7 +231,7 @@ def _vllm_checks(report: Any, tmp: Path) -> None:
         report.check("[engines] colocated vLLM sleep frees GPU memory", freed > 2**30,
                      f"{freed / 2**30:.1f} GiB freed")
         _sync_checks(report, "[engines] colocated vLLM replica, CUDA IPC, after sleep", router,
-                     model_dir, lambda: colocated.weight_version)
+                     model_dir, colocated.served_version)
     finally:
         colocated.shutdown()
 

@@ -117,9 +117,10 @@ class CollectiveSync:
             self.close()
             raise
 
-    def finish_weight_update(self, version: int) -> None:
-        """End the session; the replica serves ``version``."""
-        self.control.finish_weight_update(str(version))
+    def finish_weight_update(self, version: int | None) -> None:
+        """End the session; the replica serves ``version`` (None: it keeps its old one,
+        for a session that did not send every tensor)."""
+        self.control.finish_weight_update(None if version is None else str(version))
 
     def close(self) -> None:
         """Forget the group (the next sync builds a new one)."""

@@ -251,6 +251,12 @@ class VLLMEngine:
                              f"e.g. {missing[:3]}; its weights are now mixed: sync again")
         self.weight_version = version
 
+    def served_version(self) -> int:
+        """The weight version vLLM itself reports (its "default" before any sync counts
+        as 0): what ``weight_version`` must agree with."""
+        version = str(self._call(self._llm.get_weight_version(), "get_weight_version"))
+        return int(version) if version.lstrip("-").isdigit() else 0
+
     def sleep(self, level: int = 1) -> None:
         """vLLM's sleep mode: free the KV cache (and offload or drop the weights, level 1
         or 2). A no-op where vLLM has no sleep mode (the CPU build)."""

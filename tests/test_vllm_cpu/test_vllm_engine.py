@@ -133,7 +133,9 @@ def test_weight_update_takes_effect_and_reverts(engine, ckpt_a, ckpt_b, model_a,
     want_b = torch_greedy(model_b, PROMPTS, 12)
     assert [g.token_ids for g in before] != [w.token_ids for w in want_b]
 
+    first = engine.weight_version
     engine.update_weights(load_file(ckpt_b / "model.safetensors"))
+    assert engine.served_version() == engine.weight_version == first + 1  # vLLM agrees
     after = generate_all(engine, PROMPTS, [params] * len(PROMPTS))
     assert [g.token_ids for g in after] == [w.token_ids for w in want_b]
     for prompt, gen in zip(PROMPTS, after, strict=True):
