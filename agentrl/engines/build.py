@@ -92,7 +92,10 @@ def build_engines(config: Config, model_dir: str | Path, tokenizer: Any,
             sync_timeout_s=rollout.weight_sync_timeout_s,
             transport=rollout.weight_transport,
             advertise_host=rollout.weight_sync_host).connect())
-    return EngineRouter(replicas, colocated=rollout.placement == "colocated",
+    # placement concerns the replicas started here: servers elsewhere (remote_engines
+    # alone) hold no memory the trainer could use, so they are never put to sleep
+    colocated = rollout.placement == "colocated" and num_local_engines(rollout) > 0
+    return EngineRouter(replicas, colocated=colocated,
                         sleep_level=rollout.sleep_level,
                         bucket_bytes=rollout.weight_sync_bucket_mb * 2**20,
                         weight_dtype=dtype)

@@ -75,6 +75,8 @@ def test_training_generates_on_two_servers_and_keeps_their_weights_in_step(
     assert want != greedy_ids(engine_on(ckpt_b))  # else the check below could not fail
     for url in two_servers:
         remote = RemoteEngine(url).connect()
+        # placement is about replicas started here: a server is never put to sleep
+        assert remote._get("/is_sleeping")["is_sleeping"] is False
         info = remote._get("/agentrl/info")
         assert info["num_requests"] >= 1, f"{url} served nothing"
         assert info["weight_version"] == 2  # start (0), then one sync per step
