@@ -69,7 +69,9 @@ class RemoteEngine:
         except HTTPError as exc:
             if 400 <= exc.status < 500:  # the server refused this request: only it fails
                 raise ValueError(str(exc)) from exc
-            raise
+            # the server failed (5xx): it leaves service, the rollout is invalid, the
+            # collection goes on with the other replicas
+            raise ReplicaUnavailableError(f"{self.url} failed a generation: {exc}") from exc
         return generation_from_response(answer, self.url)
 
     def served_version(self) -> int:

@@ -177,6 +177,9 @@ class RolloutPlayer:
         except ValueError as exc:  # the summary request did not fit the engine
             raise EnvError("engine_refused", f"engine refused the summary request: {exc}") \
                 from exc
+        except ConnectionError as exc:  # the replica went away during the summary
+            raise EnvError("engine_unavailable",
+                           f"engine replica unavailable: {exc}") from exc
         self.segments.append(self.current.build())
         self.current = None
         if prompt_ids is None:  # the task and the newest turn do not fit the budget

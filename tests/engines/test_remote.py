@@ -89,6 +89,31 @@ def test_an_unreachable_server_raises_naming_its_url_without_hanging():
         assert time.monotonic() - begin < 5.0
 
 
+def test_a_server_error_takes_the_replica_out_instead_of_failing_the_collection():
+    import http.server
+    import threading
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the handler's API
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b"internal error")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        router = EngineRouter([RemoteEngine(url, request_timeout_s=5.0)])
+        with pytest.raises(ReplicaUnavailableError, match=f"{url} failed a generation"):
+            generate_all(router, [[1, 2]], GREEDY)  # what invalidates only that rollout
+        assert list(router.down) == [0]  # out of service, named
+    finally:
+        server.shutdown()
+
+
 def test_a_sync_makes_every_server_serve_the_new_weights(ckpt_a, ckpt_b, serve):
     servers = [serve(ckpt_a), serve(ckpt_a)]
     router = EngineRouter([RemoteEngine(s.url).connect() for s in servers])

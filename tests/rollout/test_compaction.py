@@ -97,6 +97,26 @@ def test_summary_is_trained_in_the_row_that_produced_it(tokenizer):
     assert SUMMARY_REQUEST in tokenizer.decode(first.token_ids)
 
 
+def test_a_replica_lost_during_the_summary_invalidates_only_that_rollout(tokenizer):
+    from agentrl.engines.http import ReplicaUnavailableError
+
+    scripted = ScriptedEngine(tokenizer, policy(tokenizer))
+
+    class LostAtSummary:
+        weight_version = 0
+
+        async def generate(self, prompt_ids, params, key=None):
+            if SUMMARY_REQUEST in tokenizer.decode(prompt_ids):
+                raise ReplicaUnavailableError("http://10.0.0.2:8000 unreachable: reset")
+            return await scripted.generate(prompt_ids, params, key)
+
+    compaction = CompactionConfig(strategy="summarize", max_context_tokens=440,
+                                  keep_last_turns=0, max_compactions=50)
+    rollout = play(LostAtSummary(), LongEnv(horizon=8, obs_len=30), tokenizer, compaction)
+    assert not rollout.valid and rollout.stats.error_kind == "engine_unavailable"
+    assert "http://10.0.0.2:8000" in rollout.stats.error
+
+
 def test_compaction_cap_ends_the_rollout_truncated(tokenizer):
     engine = ScriptedEngine(tokenizer, policy(tokenizer))
     compaction = CompactionConfig(strategy="drop_oldest", max_context_tokens=440,
