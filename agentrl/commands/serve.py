@@ -62,7 +62,7 @@ def _serve_builtin(config: Any, args: argparse.Namespace) -> int:
 
     from agentrl.engines.build import build_torch_replica, engine_dtype, engine_max_len
     from agentrl.engines.server import EngineServer, serve_forever
-    from agentrl.model import load_tokenizer
+    from agentrl.model import load_tokenizer, read_args
     from agentrl.run import resolve_model_dir
 
     if args.threads > 0:
@@ -70,8 +70,7 @@ def _serve_builtin(config: Any, args: argparse.Namespace) -> int:
     model_dir = resolve_model_dir(config, Path.cwd())
     tokenizer = load_tokenizer(model_dir)
     gpus = [0] if torch.cuda.is_available() else []
-    max_positions = json.loads((model_dir / "config.json").read_text()).get(
-        "max_position_embeddings", 32768)
+    max_positions = read_args(model_dir).max_position_embeddings
     engine = build_torch_replica(config, model_dir, tokenizer,
                                  engine_max_len(config, max_positions), gpus, index=0,
                                  dtype=engine_dtype(config))
@@ -95,14 +94,14 @@ def vllm_serve_command(config: Any, host: str, port: int) -> tuple[list[str], di
     import torch
 
     from agentrl.engines.build import engine_dtype, engine_max_len
+    from agentrl.model import read_args
     from agentrl.rollout.vllm_engine import EXTENSION_QUALNAME
 
     rollout = config.rollout
     transport = rollout.weight_transport
     if transport in ("auto", "files"):
         transport = "nccl" if torch.cuda.is_available() else "gloo"
-    max_positions = json.loads((Path(config.model.path) / "config.json").read_text()).get(
-        "max_position_embeddings", 32768)
+    max_positions = read_args(Path(config.model.path)).max_position_embeddings
     argv = ["vllm", "serve", config.model.path, "--host", host, "--port", str(port),
             "--dtype", str(engine_dtype(config)).removeprefix("torch."),
             "--seed", str(config.train.seed),
