@@ -7,8 +7,8 @@ One *step* = one collection and its ``num_steps_per_rollout`` optimizer updates:
              ahead, by weights at most k versions old)
       → reassemble (rollouts → rows)  → advantages (one per rollout, broadcast to rows)
       → split into updates by rollout → pack into micro-batches (this rank's share)
-      → old-policy scoring pass (several updates per collection, or loss.objective =
-        "decoupled")
+      → old-policy scoring pass of the 2nd.. updates' rows (several updates per
+        collection, or loss.objective = "decoupled"; the first update's forward is its own)
       → for each update: forward/backward (FSDP2: tokens counted and gradients summed
         over ranks), clip, AdamW step on the fp32 shards, lr schedule
       → weight sync to the engine (version = steps trained) → metrics (with staleness),
@@ -194,19 +194,26 @@ def run_updates(
     if run.reference is not None:  # kl_coef != 0: the KL term needs π_ref at every token
         batches = [with_logprobs(batch, score(run.reference, batch, temperature),
                                  "ref_logprobs") for batch in batches]
-    if scores_proximal_policy(run.config.loss, len(batches)):
+    proximal = scores_proximal_policy(run.config.loss, len(batches))
+    scored_sums = None
+    if proximal:
         # the old (proximal) policy: the weights before this step's first optimizer
-        # update; score every update's rows before it changes them
-        flat = [mb for batch in batches for mb in batch]
-        scored = score(run.model, flat, temperature)
-        figures["loss/mismatch_scored"] = _mismatch(run, flat, scored)
+        # update. The first update's forward sees exactly those weights (its own
+        # log-probs stand in); the later updates' rows are scored before it changes them
+        later = [mb for batch in batches[1:] for mb in batch]
+        scored = score(run.model, later, temperature)
+        scored_sums = torch.zeros(2, dtype=torch.float64)
+        if len(batches) > 1:  # on every rank alike (as many micro-batches per update)
+            scored_sums = groups.all_reduce_sum(mismatch_sums(later, scored),
+                                                run.process_group)
         it = iter(scored)
-        batches = [with_logprobs(batch, [next(it) for _ in batch]) for batch in batches]
+        batches = batches[:1] + [with_logprobs(batch, [next(it) for _ in batch])
+                                 for batch in batches[1:]]
     stats, norms, lrs, skipped = [], [], [], 0
     for index, batch in enumerate(batches):
         run.optimizer.zero_grad(set_to_none=True)
         stats.append(forward_backward(run.model, batch, run.config.loss, run.process_group,
-                                      temperature))
+                                      temperature, old_is_current=proximal and index == 0))
         norms.append(clip_grad_norm(run.model, run.config.optim.max_grad_norm))
         lrs.append(run.optimizer.param_groups[0]["lr"])
         why = step_if_finite(run.optimizer, stats[-1], norms[-1])
@@ -218,6 +225,8 @@ def run_updates(
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
             run.scheduler.step()
         run.state.num_updates += 1
+    if scored_sums is not None:
+        figures["loss/mismatch_scored"] = scored_mismatch(stats[0], scored_sums)
     finite = [n for n in norms if math.isfinite(n)]
     figures["optim/grad_norm"] = float(np.mean(finite)) if finite else float("nan")
     figures["optim/skipped_updates"] = skipped
@@ -236,11 +245,13 @@ def perf_figures(run: Run, rows: list[Row]) -> dict[str, float]:
     return out
 
 
-def _mismatch(run: Run, micro_batches: list[MicroBatch], scored: list[Any]) -> float:
-    """Mean |trainer − engine| log-prob over generated tokens of all ranks, before updates."""
-    sums = mismatch_sums(micro_batches, scored)
-    total, count = groups.all_reduce_sum(sums, run.process_group).tolist()
-    return total / count if count else 0.0
+def scored_mismatch(first: UpdateStats, later_sums: torch.Tensor) -> float:
+    """Mean |trainer − engine| log-prob over the collection's generated tokens (all ranks)
+    under the weights before its first update: the first update's own figure and the
+    scoring pass's sums (``mismatch_sums``, summed over ranks) of the later updates."""
+    later_total, later_count = later_sums.tolist()
+    count = first.num_tokens + later_count
+    return (first.mismatch * first.num_tokens + later_total) / count if count else 0.0
 
 
 def mismatch_sums(micro_batches: list[MicroBatch], scored: list[Any]) -> torch.Tensor:

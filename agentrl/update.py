@@ -85,12 +85,16 @@ def forward_backward(
     cfg: LossConfig,
     process_group: torch.distributed.ProcessGroup | None = None,
     temperature: float = 1.0,
+    old_is_current: bool = False,
 ) -> UpdateStats:
     """Accumulate one update's gradient over this rank's micro-batches (and sum over ranks).
 
     Every rank must pass the same number of micro-batches (``plan_micro_batches`` pads
     with empty ones). Gradients are added to whatever ``.grad`` holds: zero them first.
-    ``temperature``: the rollout temperature (see ``target_scores``).
+    ``temperature``: the rollout temperature (see ``target_scores``). ``old_is_current``:
+    the old (proximal) policy is the model as it is now (a collection's first update), so
+    the forward's own log-probs, detached, are the ratio's denominator: the same values a
+    scoring pass would give, without its forward.
     """
     if groups.is_distributed(process_group) and not is_sharded(model):
         raise ValueError("forward_backward on several ranks needs an FSDP2-sharded model "
@@ -105,8 +109,9 @@ def forward_backward(
     for mb in micro_batches:
         mb = mb.to(device)
         logprobs, token_entropy = target_scores(model, mb, temperature)
+        old = logprobs.detach() if old_is_current else mb.old_logprobs
         loss, parts = policy_loss(
-            logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, denominator, cfg,
+            logprobs, old, mb.advantages, mb.loss_mask, denominator, cfg,
             engine_logprobs=mb.engine_logprobs, ref_logprobs=mb.ref_logprobs,
             ages=mb.ages, cu_seqlens=mb.cu_seqlens,
         )
@@ -140,9 +145,9 @@ def score(
 ) -> list[Tensor]:
     """Per-token log-probs [1, T] of each micro-batch's targets under ``model`` (no grad).
 
-    Used for the old-policy pass before a collection's first update (set them as
-    ``old_logprobs``), for reference-model log-probs, and for the trainer side of the
-    engine-vs-trainer log-prob check. Positions with loss mask 0 are set to 0.
+    Used for the old-policy pass before a collection's first update (set them as the
+    later updates' ``old_logprobs``), for reference-model log-probs, and for the trainer
+    side of the engine-vs-trainer log-prob check. Positions with loss mask 0 are set to 0.
     """
     device = _device_of(model)
     out = []

@@ -193,3 +193,30 @@ def test_clip_grad_norm_measures_and_clips(setup) -> None:
     assert clip_grad_norm(model, norm / 4) == pytest.approx(norm, rel=1e-5)
     clipped = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     assert float(clipped.norm()) == pytest.approx(norm / 4, rel=1e-4)
+
+
+@pytest.mark.parametrize("objective", ["ppo", "decoupled"])
+def test_first_update_forward_stands_in_for_its_scoring_pass(setup, objective) -> None:
+    """A collection's first update trains the weights its old (proximal) policy was scored
+    with: its own detached log-probs give the same loss, figures and gradient as a
+    scoring pass, which the trainer therefore skips for it."""
+    model, rows, advantages, _ = setup
+    lengths = [len(r.token_ids) for r in rows]
+    mbs = micro_batches_for(rows, advantages, pack(lengths, max(lengths)))
+    cfg = msgspec.structs.replace(CFG, objective=objective, negative_advantage_veto=1.5)
+    scored = with_logprobs(mbs, score(model, mbs))
+    model.zero_grad(set_to_none=True)
+    by_scoring = forward_backward(model, scored, cfg)
+    expected = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    model.zero_grad(set_to_none=True)
+    by_forward = forward_backward(model, mbs, cfg, old_is_current=True)
+    got = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    assert torch.allclose(got, expected, atol=1e-7, rtol=0)
+    for name in ("loss", "tis_weight", "mismatch", "approx_kl", "veto_frac"):
+        assert getattr(by_forward, name) == pytest.approx(getattr(by_scoring, name), abs=1e-7)
+    assert by_forward.tis_weight < 1.0  # the behaviour weights are live, not all 1
+    # the old policy matters: one off by a constant gives another gradient
+    model.zero_grad(set_to_none=True)
+    forward_backward(model, with_logprobs(mbs, [lp - 0.3 for lp in score(model, mbs)]), cfg)
+    other_old = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    assert (other_old - expected).abs().max() > 1e-4

@@ -13,6 +13,8 @@ from agentrl.commands.report import describe_run, plot_runs, smoothed, target_br
 from agentrl.config import OptimConfig
 from agentrl.metric_writers import JsonlWriter, read_metrics
 from agentrl.schedule import build_optimizer, build_scheduler, lr_factor
+from agentrl.trainer import scored_mismatch
+from agentrl.update import UpdateStats
 
 
 def test_warmup_is_linear_then_constant() -> None:
@@ -105,3 +107,14 @@ def test_smoothed_is_a_trailing_mean_and_per_env_lines_are_reported() -> None:
                  {"step": 1, "eval/accuracy": 0.75, "eval/calc/accuracy": 0.5,
                   "env/calc/reward/mean": 0.3}]
     assert "calc: 0.250 → 0.500" in describe_run("run", with_envs, "eval/accuracy", None)
+
+
+def test_scored_mismatch_weighs_the_first_update_and_the_scored_rest_by_tokens() -> None:
+    """The collection's mismatch before any update: the first update's own figure (its
+    forward saw the pre-update weights) joined token by token with the scoring pass's."""
+    first = UpdateStats(loss=0.0, policy_loss=0.0, kl_loss=0.0, clip_frac_low=0.0,
+                        clip_frac_high=0.0, approx_kl=0.0, entropy=0.0, mismatch=0.5,
+                        tis_weight=1.0, num_tokens=10, num_micro_batches=1)
+    assert scored_mismatch(first, torch.tensor([3.0, 20.0], dtype=torch.float64)) == (
+        (0.5 * 10 + 3.0) / 30)
+    assert scored_mismatch(first, torch.zeros(2, dtype=torch.float64)) == 0.5  # one update

@@ -239,7 +239,7 @@ def test_engine_old_logprobs_skip_the_scoring_pass(tmp_path, model_dir) -> None:
     scored = _train(tmp_path, model_dir, "scored", steps=1)
     engine = _train(tmp_path, model_dir, "engine", steps=1,
                     overrides=['loss.old_logprobs="engine"'])
-    assert "loss/mismatch_scored" in _metrics(scored)[0]
+    assert 0 < _metrics(scored)[0]["loss/mismatch_scored"] < 1e-4  # one policy, fp32 both
     assert "loss/mismatch_scored" not in _metrics(engine)[0]
     a, b = _weights(scored / "checkpoints" / "step_1"), _weights(engine / "checkpoints" /
                                                                  "step_1")
