@@ -215,6 +215,12 @@ class RolloutConfig(_Section):
     """With max_staleness >= 1: new weights reach the engine between two decode steps and
     running rollouts continue under them (tokens record their version); otherwise the
     engine takes new weights only between collections."""
+    collector: Literal["thread", "process"] = "thread"
+    """With max_staleness >= 1, where the rollout side (engine replicas, environments,
+    runner) runs. "thread": a thread of the trainer's process. "process": a process of its
+    own, so that environment, tool and engine code never holds the trainer's interpreter
+    lock nor takes its core; environment ids must then be importable (a module path or a
+    registered id, not a class defined only in a running script's memory)."""
 
 
 class CompactionConfig(_Section):

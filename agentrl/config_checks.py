@@ -77,6 +77,15 @@ def check_off_policy(config: Config) -> None:
                           '(rollout.engine = "torch", no remote_engines): they take new '
                           "weights between two decode steps; drop it (weights then change "
                           "between collections)")
+    if rollout.collector == "process" and rollout.max_staleness == 0:
+        raise ConfigError('rollout.collector = "process" moves the asynchronous collector '
+                          "into a process of its own; it needs rollout.max_staleness >= 1 "
+                          '(or use collector = "thread", the default)')
+    if (rollout.collector == "process" and rollout.engine == "vllm"
+            and num_local_engines(rollout) > 0):
+        raise ConfigError('rollout.collector = "process" runs the built-in engine or '
+                          "remote_engines; local vLLM replicas already generate in processes "
+                          'of their own: use collector = "thread" with them')
     if (rollout.max_staleness > 0 and rollout.engine == "vllm"
             and rollout.placement == "colocated" and num_local_engines(rollout) > 0):
         raise ConfigError(f"rollout.max_staleness = {rollout.max_staleness} generates while "

@@ -65,7 +65,8 @@ class Run:
     # rank 0 only (None on the other ranks):
     tokenizer: Any = None
     engine: Any = None
-    """The inference replicas behind a router."""
+    """The inference replicas behind a router (None with a collector process: they live
+    in it)."""
     runner: Any = None
     collector: Any = None
     """The asynchronous collector (rollout.max_staleness >= 1), else None."""
@@ -118,15 +119,23 @@ class Run:
     def validate(self, step: int) -> dict[str, float]:
         """Accuracy per environment on held-out tasks (``eval/<name>/accuracy``), computed
         by rank 0 while the other ranks wait; {} on other ranks."""
-        from agentrl.evaluation import evaluate
-
         def work() -> dict[str, float]:
             start = time.perf_counter()
-            accuracy = self.run_on_engine_loop(lambda: evaluate(
-                self.engine, self.tokenizer, self.config, self.config.train.eval_tasks_per_env))
+            accuracy = self.evaluate_policy(self.config.train.eval_tasks_per_env)
             return {**eval_metrics(accuracy), "time/eval": time.perf_counter() - start}
 
         return self.on_main(f"validation/{step}", work) or {}
+
+    def evaluate_policy(self, num_tasks: int) -> dict[str, float]:
+        """Rank 0: accuracy per environment on ``num_tasks`` held-out tasks, by the engine
+        wherever it runs (in the collector's process when it has one)."""
+        from agentrl.evaluation import evaluate
+        from agentrl.rollout.collector_process import ProcessCollector
+
+        if isinstance(self.collector, ProcessCollector):
+            return self.collector.evaluate(num_tasks)
+        return self.run_on_engine_loop(
+            lambda: evaluate(self.engine, self.tokenizer, self.config, num_tasks))
 
     def write_rollout_sample(self, step: int, rollouts: list[Any], rows: list[Any],
                              advantages: list[float]) -> dict[str, float]:
@@ -138,25 +147,26 @@ class Run:
     def first_sync(self) -> None:
         """At start (or resume): replicas that loaded the folder themselves serve version
         ``state.step``; servers started elsewhere are sent the weights (collective)."""
-        engine = self.engine
+        # rank 0: the replicas, or the collector process that holds them
+        serving = self.engine if self.engine is not None else self.collector
         needed = groups.broadcast_object(
-            engine.needs_initial_sync if self.is_main else None, self.process_group)
+            serving.needs_initial_sync if self.is_main else None, self.process_group)
         if needed:
             self.sync_weights(version=self.state.step)
-        elif engine is not None:
-            engine.adopt_version(self.state.step)
+        elif serving is not None:
+            serving.adopt_version(self.state.step)
 
     def sync_weights(self, version: int | None = None) -> None:
         """Push the policy to every inference replica, gathered one parameter at a time in
         the engines' dtype (collective: every rank takes part in each gather; rank 0's
         router buckets and sends them). ``version`` defaults to the served version + 1."""
         tensors = iter_full_parameters(self.model, self.compute_dtype)
-        if self.engine is None:
-            for _ in tensors:  # ranks 1..N: take part in each gather
-                pass
-        elif self.collector is not None:  # generating meanwhile: hand over a snapshot
+        if self.collector is not None:  # generating meanwhile: hand over a snapshot
             snapshot = {name: tensor.clone() for name, tensor in tensors}
             self.collector.publish(snapshot, self.state.step if version is None else version)
+        elif self.engine is None:
+            for _ in tensors:  # ranks 1..N: take part in each gather
+                pass
         else:
             self.engine.update_weights(tensors, version)
 
@@ -271,12 +281,18 @@ def _main_side(config: Config, run_dir: Path, model: Any, model_dir: Path,
     from agentrl.model import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
-    engine = build_engine(config, model, tokenizer, model_dir,
-                          num_training_gpus=training_gpus_here(group))
-    runner = build_runner(config, engine, tokenizer, sampler)
-    collector = None
-    if config.rollout.max_staleness > 0:
-        collector = build_collector(config, runner, sampler, state.step + 1)
+    engine = runner = collector = None
+    if config.rollout.max_staleness > 0 and config.rollout.collector == "process":
+        from agentrl.rollout.collector_process import ProcessCollector
+
+        collector = ProcessCollector(config, model_dir, sampler.state_dict(), state.step + 1,
+                                     num_training_gpus=training_gpus_here(group))
+    else:
+        engine = build_engine(config, model, tokenizer, model_dir,
+                              num_training_gpus=training_gpus_here(group))
+        runner = build_runner(config, engine, tokenizer, sampler)
+        if config.rollout.max_staleness > 0:
+            collector = build_collector(config, runner, sampler, state.step + 1)
     write_run_config(config, run_dir)
     resume_step = state.step if resume else None
     return {

@@ -53,9 +53,10 @@ SLOW_ENV = {"id": "bench.slow_tools:SlowToolCalculator", "name": "slow_calculato
 
 
 def bench_config(max_staleness: int, steps: int, quick: bool,
-                 remote_engines: tuple[str, ...] = ()) -> Any:
+                 remote_engines: tuple[str, ...] = (), collector: str = "thread") -> Any:
     """The quickstart config plus the slow-tool environment, validated at start and end;
-    generating on ``remote_engines`` (``agentrl serve`` URLs) when given."""
+    generating on ``remote_engines`` (``agentrl serve`` URLs) when given; k >= 1 collects
+    on a thread or in a process of its own (``collector``)."""
     raw = bench_raw_config()
     raw["environments"][0]["weight"] = 2.0  # calculator : countdown : slow = 2 : 1 : 1
     raw["environments"].append(SLOW_ENV)
@@ -67,6 +68,7 @@ def bench_config(max_staleness: int, steps: int, quick: bool,
     raw["rollout"]["max_staleness"] = max_staleness
     if max_staleness > 0:  # the corrections the README recommends for stale data
         raw.setdefault("loss", {}).update(objective="decoupled", negative_advantage_veto=2.0)
+        raw["rollout"]["collector"] = collector
     if quick:
         raw["batch"].update(rollout_batch_size=8, global_batch_size=32)
     if remote_engines:
@@ -193,6 +195,9 @@ def main() -> None:
                         help="torch intra-op threads (default: torch's); 1 gives the engine "
                              "and the trainer one core each on a 2-core machine, a stand-in "
                              "for hardware of their own")
+    parser.add_argument("--collector", choices=("thread", "process"), default="thread",
+                        help="rollout.collector of the k >= 1 runs: the rollout side on a "
+                             "thread of the trainer's process, or in a process of its own")
     parser.add_argument("--engine-process", action="store_true",
                         help="generate on a fresh `agentrl serve` process per run (one "
                              "thread), not in the trainer's process")
@@ -211,7 +216,8 @@ def main() -> None:
             serving = engine_process() if args.engine_process else (
                 nullcontext(()))
             with serving as urls:
-                wall, cpu = train_once(bench_config(k, steps, args.quick, urls), run_dir)
+                wall, cpu = train_once(bench_config(k, steps, args.quick, urls,
+                                                    args.collector), run_dir)
             rounds[k].append(summarize(read_metrics(run_dir), wall, k > 0, cpu))
             print(f"k={k} round {repeat + 1}: {steps} steps in {wall:.1f} s")
     results = {k: sorted(r, key=lambda x: x["steps_per_min"])[len(r) // 2]

@@ -98,7 +98,10 @@ class AsyncCollector:
         """Hand the weights of ``version`` to the engine; returns at once. ``snapshot``
         must be the caller's own copy (the trainer keeps changing its weights in place).
         Once every collection is produced there is nothing left to generate, and nothing
-        is sent."""
+        is sent; before the first collection started, the engine takes them at once."""
+        if self._thread.ident is None:  # nothing generates yet (e.g. the start-up sync)
+            self.engine.update_weights(snapshot.items(), version)
+            return
         if self._done():
             return
         try:

@@ -199,3 +199,14 @@ def test_torch_engine_stamps_versions_and_swaps_weights_between_decode_steps(
     assert unswapped.versions == [0] * 12
     assert generation.token_ids[:4] == unswapped.token_ids[:4]
     assert generation.token_ids[4:] != unswapped.token_ids[4:]
+
+
+def test_weights_published_before_the_first_collection_reach_the_engine() -> None:
+    """The start-up sync to servers that did not load the checkpoint (and a resume's) is
+    applied at once, not dropped because no collection runs yet."""
+    engine = FakeEngine()
+    collector = AsyncCollector(FakeRunner(engine, FakeSampler()), FakeSampler(), 2, 1, 5, 6)
+    collector.publish({"w": torch.tensor(4.0)}, 4)
+    assert engine.updates == [(4, False, 4.0)] and engine.weight_version == 4
+    assert collector.next_collection(5).groups  # version 4 is new enough for step 5
+    collector.close()

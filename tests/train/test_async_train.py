@@ -41,9 +41,11 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_async_run_keeps_every_token_within_the_bound(tmp_path, model_dir) -> None:
+@pytest.mark.parametrize("collector", ["thread", "process"])
+def test_async_run_keeps_every_token_within_the_bound(tmp_path, model_dir, collector) -> None:
     out = tmp_path / "run"
     overrides = ["rollout.max_staleness=1", "rollout.inflight_updates=true",
+                 f'rollout.collector="{collector}"',
                  'loss.objective="decoupled"', "loss.negative_advantage_veto=4.0",
                  "loss.relaxed_clip_eps_high=0.5", 'optim.lr_scaling="sqrt"',
                  "optim.lr_reference_batch=8"]

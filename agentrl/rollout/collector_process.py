@@ -1,0 +1,209 @@
+"""Asynchronous collection in a process of its own, apart from the trainer.
+
+With ``rollout.collector = "process"`` (and ``max_staleness >= 1``) rank 0 starts one child
+process that builds the engine replicas, the environments, the runner and an
+:class:`~agentrl.rollout.async_collector.AsyncCollector` of its own, and answers the
+trainer's calls over a pipe. Environment, tool, tokenizer and engine code then never holds
+the trainer's interpreter lock nor runs on its core: with the thread collector their
+Python work slows every step the trainer takes while they run.
+
+:class:`ProcessCollector` has the thread collector's interface (``next_collection``,
+``publish``, ``sampler_state_before``, ``close``) plus what the trainer otherwise asks its
+own engine (``needs_initial_sync``, ``adopt_version``, ``evaluate``). The trainer's calls
+are sequential, so the child serves them one at a time while its collector thread keeps
+generating ahead. Weights travel as CPU tensors in shared memory (torch.multiprocessing).
+If the child dies, the next call raises with its exit code; if the trainer dies, the
+child sees the pipe close and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing.connection
+import os
+import traceback
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+from agentrl.rollout.async_collector import POLL_S
+from agentrl.rollout.runner import CollectionResult
+
+START_TIMEOUT_S = 600.0
+"""Seconds the child may take to build its replicas and environments (vLLM servers and
+sandboxes can take minutes)."""
+
+
+class ProcessCollector:
+    """The asynchronous collector, run in a child process (see the module docstring)."""
+
+    def __init__(self, config: Any, model_dir: Path, sampler_state: dict[str, Any],
+                 first_step: int, num_training_gpus: int = 1) -> None:
+        """Start the child: it builds the replicas from ``model_dir``, a sampler restored
+        from ``sampler_state``, and produces collections ``first_step ..
+        train.num_steps``. Returns once the child is ready; raises what it raised."""
+        context = torch.multiprocessing.get_context("spawn")
+        self._conn, child_conn = context.Pipe()
+        self._process = context.Process(
+            target=serve_collections, name="agentrl-collector", daemon=True,
+            args=(child_conn, config, str(model_dir), sampler_state, first_step,
+                  num_training_gpus, torch.get_num_threads()))
+        self._process.start()
+        child_conn.close()
+        self.needs_initial_sync: bool = self._reply("start", START_TIMEOUT_S)
+
+    def next_collection(self, step: int) -> CollectionResult:
+        """The collection of ``step``, once complete (groups past the bound dropped)."""
+        payload = self._call("collection", step)
+        return msgspec.msgpack.decode(payload, type=CollectionResult)
+
+    def publish(self, snapshot: dict[str, torch.Tensor], version: int) -> None:
+        """Hand the weights of ``version`` to the child's engine; returns once sent."""
+        cpu = {name: tensor.detach().to("cpu") for name, tensor in snapshot.items()}
+        self._send("weights", version, cpu)
+
+    def sampler_state_before(self, step: int) -> dict[str, Any]:
+        """The child's sampler state from just before collection ``step`` drew a task."""
+        return self._call("sampler_state", step)
+
+    def adopt_version(self, version: int) -> None:
+        """Replicas that loaded the checkpoint of step ``version`` serve it."""
+        self._call("adopt_version", version)
+
+    def evaluate(self, num_tasks: int) -> dict[str, float]:
+        """Accuracy per environment on ``num_tasks`` held-out tasks, by the child's engine
+        (sharing it with the generation running ahead, as the thread collector does)."""
+        return self._call("evaluate", num_tasks)
+
+    def close(self) -> None:
+        """Stop the child (in-flight generations are discarded); kill it if it hangs."""
+        if self._process.is_alive():
+            try:
+                self._call("close")
+            except (RuntimeError, OSError):
+                pass
+            self._process.join(timeout=60)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._conn.close()
+
+    # ------------------------------------------------------------------ the pipe
+
+    def _call(self, kind: str, *args: Any) -> Any:
+        self._send(kind, *args)
+        return self._reply(kind)
+
+    def _send(self, kind: str, *args: Any) -> None:
+        try:
+            self._conn.send((kind, *args))
+        except OSError as exc:  # a broken or reset pipe: the child died
+            raise self._died(kind) from exc
+
+    def _reply(self, kind: str, timeout_s: float | None = None) -> Any:
+        waited = 0.0
+        while not self._conn.poll(POLL_S):
+            waited += POLL_S
+            if not self._process.is_alive():
+                raise self._died(kind)
+            if timeout_s is not None and waited >= timeout_s:
+                self._process.kill()
+                raise RuntimeError(f"the rollout collector process did not answer '{kind}' "
+                                   f"within {timeout_s:.0f} s; it was killed")
+        try:
+            status, value = self._conn.recv()
+        except (EOFError, OSError) as exc:  # the child died (closed or reset pipe)
+            raise self._died(kind) from exc
+        if status == "error":
+            raise RuntimeError(f"the rollout collector process failed on '{kind}':\n{value}")
+        return value
+
+    def _died(self, kind: str) -> RuntimeError:
+        self._process.join(timeout=5)
+        return RuntimeError(f"the rollout collector process exited (code "
+                            f"{self._process.exitcode}) before answering '{kind}'; its "
+                            "error, if any, is on stderr above")
+
+
+def serve_collections(conn: multiprocessing.connection.Connection, config: Any,
+                      model_dir: str, sampler_state: dict[str, Any], first_step: int,
+                      num_training_gpus: int, num_threads: int) -> None:
+    """The child's main: build the rollout side, then answer the trainer's calls until it
+    says close or goes away."""
+    torch.set_num_threads(num_threads)
+    try:
+        side = _RolloutSide(config, Path(model_dir), sampler_state, first_step,
+                            num_training_gpus)
+        conn.send(("ok", side.engine.needs_initial_sync))
+    except BaseException:  # noqa: BLE001 - reported to the trainer, which raises it
+        conn.send(("error", traceback.format_exc()))
+        return
+    try:
+        while True:
+            try:
+                kind, *args = conn.recv()
+            except EOFError:  # the trainer is gone
+                return
+            if kind == "weights":  # no reply: the trainer does not wait for the engine
+                side.collector.publish(args[1], args[0])
+                continue
+            try:
+                reply = ("ok", side.answer(kind, *args))
+            except BaseException:  # noqa: BLE001 - reported to the trainer
+                reply = ("error", traceback.format_exc())
+            conn.send(reply)
+            if kind == "close":
+                return
+    finally:
+        try:
+            side.collector.close()
+        finally:
+            os._exit(0)  # skip interpreter teardown: engine threads may still hold tensors
+
+
+class _RolloutSide:
+    """What the child holds: tokenizer, replicas, runner and the thread collector."""
+
+    def __init__(self, config: Any, model_dir: Path, sampler_state: dict[str, Any],
+                 first_step: int, num_training_gpus: int) -> None:
+        from agentrl.engines.build import build_engines
+        from agentrl.model import load_tokenizer, read_args
+        from agentrl.run import build_collector, build_runner
+        from agentrl.sampler import EnvironmentSampler
+
+        self.config = config
+        self.tokenizer = load_tokenizer(model_dir)
+        self.engine = build_engines(config, model_dir, self.tokenizer,
+                                    read_args(model_dir).max_position_embeddings,
+                                    num_training_gpus=num_training_gpus)
+        sampler = EnvironmentSampler(
+            {env.display_name(): env.weight for env in config.environments}, config.train.seed)
+        sampler.load_state_dict(sampler_state)
+        runner = build_runner(config, self.engine, self.tokenizer, sampler)
+        self.collector = build_collector(config, runner, sampler, first_step)
+        self._loop = asyncio.new_event_loop()
+
+    def answer(self, kind: str, *args: Any) -> Any:
+        """The reply to one call of the trainer."""
+        if kind == "collection":
+            return msgspec.msgpack.encode(self.collector.next_collection(args[0]))
+        if kind == "sampler_state":
+            return self.collector.sampler_state_before(args[0])
+        if kind == "adopt_version":
+            return self.engine.adopt_version(args[0])
+        if kind == "evaluate":
+            return self._evaluate(args[0])
+        if kind == "close":
+            return None
+        raise ValueError(f"unknown call '{kind}' to the rollout collector process")
+
+    def _evaluate(self, num_tasks: int) -> dict[str, float]:
+        from agentrl.evaluation import evaluate
+
+        def make() -> Any:
+            return evaluate(self.engine, self.tokenizer, self.config, num_tasks)
+
+        done, accuracy = self.collector.run_on_loop(make)
+        return accuracy if done else self._loop.run_until_complete(make())

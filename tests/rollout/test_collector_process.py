@@ -1,0 +1,70 @@
+"""rollout.collector = "process": the rollout side (replicas, environments, runner) runs in
+a child process, the trainer holds no engine; collections, weights, validation and sampler
+states cross the pipe; a dead child or a failed start surfaces as an error naming it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tomllib
+
+import pytest
+
+from agentrl.config import ConfigError, config_from_dict
+from agentrl.model import build_tiny_checkpoint
+from agentrl.rollout.collector_process import ProcessCollector
+from agentrl.run import build_run
+from agentrl.trainer import train
+from tests.train.test_train_e2e import CONFIG
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "m", hidden_size=32,
+                                 num_layers=1, num_heads=2, num_kv_heads=1, vocab_size=300)
+
+
+def _config(model_dir, steps: int = 3, **rollout):
+    raw = tomllib.loads(CONFIG.format(model=model_dir, budget=4096, steps=steps, eval_every=0))
+    raw["rollout"].update({"max_staleness": 1, "collector": "process", **rollout})
+    raw["train"].update(checkpoint_every=0)
+    return config_from_dict(raw)
+
+
+def test_the_rollout_side_runs_in_its_own_process(tmp_path, model_dir) -> None:
+    run = build_run(_config(model_dir), tmp_path / "run")
+    collector = run.collector
+    assert isinstance(collector, ProcessCollector)
+    assert run.engine is None and run.runner is None  # nothing generates in the trainer
+    child = collector._process
+    assert child.is_alive() and child.pid != os.getpid()
+    before = collector.sampler_state_before(1)
+    assert before == run.sampler.state_dict()  # the child starts from the trainer's sampler
+    assert set(run.evaluate_policy(2)) == {"Calculator-v0", "ShortAnswerEnv"}
+    state = train(run)  # closes the collector at the end
+    assert state.step == 3 and state.cumulative_rollouts == 12
+    assert not child.is_alive() and child.exitcode == 0
+    # the checkpoint's sampler state came from the child: it drew 3 collections' tasks
+    assert state.sampler != before
+
+
+def test_a_killed_collector_process_is_an_error_naming_it(tmp_path, model_dir) -> None:
+    run = build_run(_config(model_dir), tmp_path / "run")
+    try:
+        assert run.collect(1).rollouts  # the child answers
+        os.kill(run.collector._process.pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match=r"collector process exited \(code -9\)"):
+            run.collect(2)
+    finally:
+        run.close()
+
+
+def test_a_failed_start_raises_the_childs_error(model_dir) -> None:
+    config = _config(model_dir)
+    with pytest.raises(RuntimeError, match="failed on 'start'(.|\n)*KeyError"):
+        ProcessCollector(config, model_dir, {"not": "a sampler state"}, 1)
+
+
+def test_process_collector_needs_asynchronous_collection(model_dir) -> None:
+    with pytest.raises(ConfigError, match="max_staleness >= 1"):
+        _config(model_dir, max_staleness=0)
