@@ -32,7 +32,7 @@ class CausalLM(Protocol):
 
     def __call__(
         self, input_ids: Tensor, position_ids: Tensor | None, cu_seqlens: Tensor | None, *,
-        targets: Tensor, temperature: float,
+        targets: Tensor, temperature: float, with_entropy: bool, needed: Tensor | None,
     ) -> TokenScores: ...
 
 
@@ -74,9 +74,11 @@ def target_scores(model: nn.Module, mb: MicroBatch, temperature: float = 1.0,
     engine sampled from: logits divided by the rollout temperature, as the engines do
     before reporting log-probs (a temperature of 0, greedy, reports log-probs at
     temperature 1). Without this, ratios are off whenever T != 1. The model computes them
-    from its hidden states in chunks (no [T, V] logits)."""
+    from its hidden states in chunks (no [T, V] logits), only at the generated tokens
+    (the loss mask): every other position reads 0, which nothing downstream reads."""
     return model(mb.input_ids, mb.position_ids, mb.cu_seqlens, targets=mb.target_ids,
-                 temperature=temperature, with_entropy=with_entropy)
+                 temperature=temperature, with_entropy=with_entropy,
+                 needed=mb.loss_mask > 0)
 
 
 def forward_backward(

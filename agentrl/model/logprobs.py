@@ -71,12 +71,16 @@ def entropy_from_scaled(z_nv: Tensor, lse_n: Tensor) -> Tensor:
 
 def chunked_target_logprobs(
     hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk: int,
-    with_entropy: bool = True,
+    with_entropy: bool = True, needed: Tensor | None = None,
 ) -> TokenScores:
     """Log-prob and entropy of each target from final hidden states, ``chunk`` tokens at
     a time: hidden [..., H], weight (the LM head) [V, H], targets [...] → TokenScores of
     shape [...]. Exact like ``target_logprobs(hidden @ weight.T, targets, T)``; no
     ``[T, V]`` tensor exists in forward or backward, only ``[chunk, V]`` ones.
+
+    ``needed`` (bool, like targets): only those positions get the head (forward and
+    backward); the others read 0 and pass no gradient. In agentic rows most tokens are
+    prompts and tool output, which the loss never reads.
     """
     if chunk < 1:
         raise ValueError(f"log-prob chunk is {chunk} tokens; train.logprob_chunk_tokens must "
@@ -84,10 +88,14 @@ def chunked_target_logprobs(
     if targets.shape != hidden.shape[:-1]:
         raise ValueError(f"targets have shape {tuple(targets.shape)}; expected "
                          f"{tuple(hidden.shape[:-1])}, one target per position")
+    if needed is not None and needed.shape != targets.shape:
+        raise ValueError(f"needed has shape {tuple(needed.shape)}; expected "
+                         f"{tuple(targets.shape)} like the targets")
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    index = None if needed is None else needed.reshape(-1).nonzero().squeeze(-1)
     logprobs, entropy = _ChunkedHead.apply(
         flat_hidden, weight, targets.reshape(-1), temperature, chunk, tuple(targets.shape),
-        with_entropy,
+        with_entropy, index,
     )
     return TokenScores(logprobs, entropy if with_entropy else None)
 
@@ -95,22 +103,30 @@ def chunked_target_logprobs(
 class _ChunkedHead(torch.autograd.Function):
     """hidden [N, H], weight [V, H], targets [N] → (log-probs, entropy), each [N] laid out
     in ``shape`` (the targets' own shape: returned as fresh tensors, never views, which
-    FSDP2 wants of a module's outputs).
+    FSDP2 wants of a module's outputs). With ``index`` (positions [M]) only those rows are
+    computed; the others are 0 and get a zero gradient.
 
-    Saved for backward: hidden, weight (a parameter), targets and logsumexp [N] float32.
-    Backward recomputes each chunk's logits: d logprob / d z = onehot(target) − softmax(z),
-    and z = logits / T, so d logits = that / T.
+    Saved for backward: the computed rows' hidden states, weight (a parameter), targets
+    and logsumexp [M] float32. Backward recomputes each chunk's logits:
+    d logprob / d z = onehot(target) − softmax(z), and z = logits / T, so d logits = that / T.
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
-        chunk: int, shape: tuple[int, ...], with_entropy: bool,
+        chunk: int, shape: tuple[int, ...], with_entropy: bool, index: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
+        make = hidden.new_empty if index is None else hidden.new_zeros
+        logprobs_out = make(shape, dtype=torch.float32)
+        entropy_out = make(shape, dtype=torch.float32) if with_entropy else \
+            logprobs_out.new_empty(0)
+        ctx.num_rows = hidden.shape[0]
+        if index is not None:  # the rows to compute, packed; scattered back at the end
+            hidden, targets = hidden.index_select(0, index), targets.index_select(0, index)
         n = hidden.shape[0]
-        logprobs_out = hidden.new_empty(shape, dtype=torch.float32)
-        entropy_out = torch.empty_like(logprobs_out) if with_entropy else logprobs_out.new_empty(0)
-        logprobs, entropy = logprobs_out.view(-1), entropy_out.view(-1)
+        logprobs = logprobs_out.view(-1) if index is None else logprobs_out.new_empty(n)
+        entropy = entropy_out.view(-1) if index is None or not with_entropy else \
+            logprobs.new_empty(n)
         lse = torch.empty_like(logprobs)
         for start in range(0, n, chunk):
             end = min(start + chunk, n)
@@ -121,7 +137,11 @@ class _ChunkedHead(torch.autograd.Function):
             if with_entropy:
                 entropy[start:end] = entropy_from_scaled(z, lse_c)
             del z
-        ctx.save_for_backward(hidden, weight, targets, lse)
+        if index is not None:
+            logprobs_out.view(-1).index_copy_(0, index, logprobs)
+            if with_entropy:
+                entropy_out.view(-1).index_copy_(0, index, entropy)
+        ctx.save_for_backward(hidden, weight, targets, lse, index)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(entropy_out)
         return logprobs_out, entropy_out
@@ -129,9 +149,11 @@ class _ChunkedHead(torch.autograd.Function):
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, grad_logprobs: Tensor, _grad_entropy: Tensor | None
-    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None, None]:
-        hidden, weight, targets, lse = ctx.saved_tensors
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None, None, None]:
+        hidden, weight, targets, lse, index = ctx.saved_tensors
         grad_logprobs = grad_logprobs.reshape(-1)
+        if index is not None:
+            grad_logprobs = grad_logprobs.index_select(0, index)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight: Tensor | None = None
         scale = temperature_scale(ctx.temperature)
@@ -150,7 +172,12 @@ class _ChunkedHead(torch.autograd.Function):
             del z, g
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None
+        elif ctx.needs_input_grad[1]:  # no row needed: still a gradient, as on every rank
+            grad_weight = torch.zeros_like(weight)
+        if grad_hidden is not None and index is not None:
+            grad_hidden = grad_hidden.new_zeros(ctx.num_rows, grad_hidden.shape[1]).index_copy_(
+                0, index, grad_hidden)
+        return grad_hidden, grad_weight, None, None, None, None, None, None
 
 
 def _accumulate(total: Tensor | None, a: Tensor, b: Tensor) -> Tensor:
