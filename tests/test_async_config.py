@@ -48,6 +48,9 @@ def test_lr_scaling_refusals(optim, message):
     ({"rollout": {"max_staleness": 1, "engine": "vllm"}}, "vLLM cannot sleep"),
     ({"rollout": {"max_staleness": 1, "inflight_updates": True, "engine": "vllm",
                   "placement": "separate"}}, "needs local built-in replicas"),
+    ({"rollout": {"collector": "process"}}, 'collector = "process" moves'),
+    ({"rollout": {"max_staleness": 1, "collector": "process", "engine": "vllm",
+                  "placement": "separate"}}, "local vLLM replicas already generate"),
     ({"loss": {"objective": "decoupled", "tis_cap": None}}, "needs loss.old_logprobs"),
     ({"loss": {"objective": "decoupled", "old_logprobs": "engine"}}, "proximal policy"),
     ({"loss": {"negative_advantage_veto": 0.5}}, "must be a finite number > 1"),
@@ -75,6 +78,9 @@ def test_plan_prints_the_effective_lr(tmp_path, capsys):
     assert main(["plan", str(path), "--set", 'optim.lr_scaling="sqrt"',
                  "--set", "optim.lr_reference_batch=16"]) == 0
     assert "learning rate: 6e-06 (peak) = 3e-06 × sqrt(64 / 16)" in capsys.readouterr().out
+    assert main(["plan", str(path), "--set", "rollout.max_staleness=1",
+                 "--set", 'rollout.collector="process"']) == 0
+    assert "the rollout side runs in a process of its own" in capsys.readouterr().out
 
 
 def test_the_async_bench_config_and_its_slow_tool_environment():

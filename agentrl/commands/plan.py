@@ -41,8 +41,9 @@ def run(args: argparse.Namespace) -> int:
     rollout = config.rollout
     if rollout.max_staleness:
         inflight = ", weights swapped into running rollouts" if rollout.inflight_updates else ""
+        where = "a process of its own" if rollout.collector == "process" else "a thread"
         print(f"generation: asynchronous, at most {rollout.max_staleness} policy version(s) "
-              f"ahead of training{inflight}")
+              f"ahead of training{inflight}; the rollout side runs in {where}")
     fits = True if args.gpu_memory is None else _memory_plan(config, args)
     print("checks:")
     for line in run_checks(config):

@@ -77,7 +77,8 @@ def test_async_run_keeps_every_token_within_the_bound(tmp_path, model_dir, colle
 
 def _spawn_train(config: Path, out: Path, *extra: str) -> subprocess.Popen:
     code = "import sys; from agentrl.cli import main; sys.exit(main(sys.argv[1:]))"
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    # the marker finds every process of this run, a collector process included
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "AGENTRL_TEST_RUN": str(out)}
     return subprocess.Popen(
         [sys.executable, "-c", code, "train", str(config), "--out", str(out),
          "--set", "rollout.max_staleness=1", *extra],
@@ -97,9 +98,26 @@ def _steps_logged(out: Path) -> list[int]:
     return steps
 
 
-def test_sigkill_then_resume_trains_every_rollout_exactly_once(tmp_path, model_dir) -> None:
+def _processes_of(out: Path) -> list[int]:
+    """Pids of live processes started with ``_spawn_train(..., out)`` (zombies excluded)."""
+    marker = f"AGENTRL_TEST_RUN={out}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            alive = (proc / "stat").read_text().split(") ")[-1][0] != "Z"
+            if alive and marker in (proc / "environ").read_bytes().split(b"\0"):
+                pids.append(int(proc.name))
+        except (OSError, ValueError):  # not a process, or it ended meanwhile
+            continue
+    return pids
+
+
+@pytest.mark.parametrize("collector", ["thread", "process"])
+def test_sigkill_then_resume_trains_every_rollout_exactly_once(tmp_path, model_dir,
+                                                               collector) -> None:
     config, out = _config(tmp_path, model_dir, steps=40), tmp_path / "killed"
-    proc = _spawn_train(config, out)
+    chosen = ("--set", f'rollout.collector="{collector}"')
+    proc = _spawn_train(config, out, *chosen)
     # kill once a step past the newest checkpoint was trained (odd steps are never
     # checkpointed with checkpoint_every = 2), while the collector is generating ahead
     deadline = time.time() + 240
@@ -109,15 +127,23 @@ def test_sigkill_then_resume_trains_every_rollout_exactly_once(tmp_path, model_d
             break
         time.sleep(0.02)
     assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    if collector == "process":
+        # the trainer, its collector process (and multiprocessing's resource tracker)
+        assert len(_processes_of(out)) >= 2
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    deadline = time.time() + 60  # an orphaned collector sees its pipe close and exits
+    while _processes_of(out) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _processes_of(out)
     killed = {t["step"]: t["rollouts"] for t in _lines(out / "trained_rollouts.jsonl")}
     checkpoint = read_state(latest_checkpoint(out)).step
     lost = [s for s in killed if s > checkpoint]  # trained, but not in any checkpoint
     assert lost
 
     final = checkpoint + 3
-    resumed = _spawn_train(config, out, "--resume", "--set", f"train.num_steps={final}")
+    resumed = _spawn_train(config, out, *chosen, "--resume", "--set",
+                           f"train.num_steps={final}")
     assert resumed.wait(timeout=240) == 0, resumed.stderr.read().decode()[-2000:]
     trained = _lines(out / "trained_rollouts.jsonl")
     # every step exactly once, in order; no rollout id twice; four rollouts per step
