@@ -1,7 +1,7 @@
 """Synchronous vs asynchronous training (rollout.max_staleness = 0, 1, 2), side by side.
 
     python -m bench.async [--quick] [--steps N] [--repeats R] [--threads T] [--out DIR]
-                          [--ks 0,1,2] [--engine-process]
+                          [--ks 0,1,2] [--collector thread|process] [--engine-process]
 
 The quickstart mix (configs/quickstart.toml: Calculator with a tool and compaction,
 Countdown) plus ``SlowToolCalculator``, whose tool calls take 50 ms like a real API or
@@ -20,7 +20,10 @@ updates and active time).
 
 ``--threads 1`` runs every torch op single-threaded: on a 2-core machine the synchronous
 loop then uses one core while the engine and the trainer of k >= 1 get one core each, a
-stand-in for engine and trainer on hardware of their own. ``--engine-process`` goes one
+stand-in for engine and trainer on hardware of their own. ``--collector process`` runs the
+k >= 1 collections with ``rollout.collector = "process"``: the engine, environments and
+runner in a process of their own, so none of their Python shares the trainer's
+interpreter. ``--engine-process`` goes one
 step further: every run generates on a fresh ``agentrl serve`` process of its own (one
 torch thread, weights pushed over gloo after every step, as with a server on another
 machine), so the engine no longer shares the trainer's Python interpreter (its GIL) either.
