@@ -66,6 +66,9 @@ class AsyncCollector:
         self._stopping = threading.Event()
         self._loop = asyncio.new_event_loop()
         self._weights_arrived: asyncio.Event | None = None
+        self._validations = 0
+        """Coroutines from :meth:`run_on_loop` running on the loop: new weights wait for
+        them between collections (an engine takes them only with nothing in flight)."""
         self._task: asyncio.Task | None = None
         self._thread = threading.Thread(target=self._main, name="agentrl-collector",
                                         daemon=True)
@@ -125,7 +128,7 @@ class AsyncCollector:
         loop is not running (not started yet, or finished): run it elsewhere then."""
         if not (self._thread.is_alive() and self._loop.is_running()):
             return False, None
-        coroutine = make_coroutine()
+        coroutine = self._guarded(make_coroutine())
         try:
             future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         except RuntimeError:  # the loop closed in the meantime
@@ -145,6 +148,16 @@ class AsyncCollector:
             except RuntimeError:  # the loop closed in the meantime: the thread is ending
                 pass
             self._thread.join(timeout=60)
+
+    async def _guarded(self, coroutine: Any) -> Any:
+        """Run ``coroutine`` on the loop, counted: weights wait until it ends."""
+        self._validations += 1
+        try:
+            return await coroutine
+        finally:
+            self._validations -= 1
+            if self._weights_arrived is not None:
+                self._weights_arrived.set()  # a collection may be waiting to apply weights
 
     def _done(self) -> bool:
         return not self._thread.is_alive() or self._loop.is_closed()
@@ -187,14 +200,16 @@ class AsyncCollector:
 
     async def _wait_for_version(self, oldest_allowed: int) -> float:
         """Take the newest published weights; wait while the engine's are too old.
-        Returns the seconds the engine sat idle waiting."""
+        Returns the seconds the engine sat idle waiting. While a validation shares the
+        engine, it generates: weights wait for it to end."""
         assert self._weights_arrived is not None
         start = time.perf_counter()
         while True:
             self._weights_arrived.clear()
-            self._apply_pending(in_flight=False)
-            if engine_version(self.engine) >= oldest_allowed:
-                return time.perf_counter() - start
+            if not self._validations:
+                self._apply_pending(in_flight=False)
+                if engine_version(self.engine) >= oldest_allowed:
+                    return time.perf_counter() - start
             await self._weights_arrived.wait()
 
     def _on_weights(self, version: int, snapshot: dict[str, torch.Tensor]) -> None:

@@ -24,7 +24,12 @@ class FakeEngine:
         self.weight_version = 0
         self.updates: list[tuple[int, bool, float]] = []
 
+    validating = False
+    """Set while a validation generates: weights may then arrive only in flight."""
+
     def update_weights(self, named_tensors, version, *, in_flight=False) -> None:
+        if self.validating and not in_flight:
+            raise RuntimeError("update_weights called while generations are in flight")
         tensors = dict(named_tensors)
         self.updates.append((version, in_flight, float(tensors["w"])))
         self.weight_version = version
@@ -210,3 +215,30 @@ def test_weights_published_before_the_first_collection_reach_the_engine() -> Non
     assert engine.updates == [(4, False, 4.0)] and engine.weight_version == 4
     assert collector.next_collection(5).groups  # version 4 is new enough for step 5
     collector.close()
+
+
+def test_weights_wait_for_a_validation_sharing_the_engine() -> None:
+    """A validation runs on the collector's loop; a collection that ends meanwhile must not
+    hand the engine new weights under the validation's generations (the engine refuses
+    that), but after it, before the next collection starts."""
+    engine, sampler = FakeEngine(), FakeSampler()
+    runner = FakeRunner(engine, sampler, seconds=0.05)
+    collector = AsyncCollector(runner, sampler, 1, max_staleness=1, first_step=1, last_step=4)
+
+    async def validation() -> str:
+        engine.validating = True
+        try:
+            await asyncio.sleep(0.4)  # collection 2 ends meanwhile; version 1 is pending
+        finally:
+            engine.validating = False
+        return "accuracy"
+
+    try:
+        collector.next_collection(1)
+        collector.publish({"w": torch.tensor(1.0)}, version=1)  # collection 3 needs it
+        assert collector.run_on_loop(validation) == (True, "accuracy")
+        assert collector.next_collection(2).groups and collector.next_collection(3).groups
+    finally:
+        collector.close()
+    assert engine.updates == [(1, False, 1.0)]  # applied once, after the validation
+    assert (3, 1) in runner.starts  # collection 3 generated with version 1

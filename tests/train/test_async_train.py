@@ -29,9 +29,10 @@ def model_dir(tmp_path_factory):
                                  num_layers=1, num_heads=2, num_kv_heads=1, vocab_size=300)
 
 
-def _config(tmp_path: Path, model_dir: Path, steps: int, checkpoint_every: int = 2) -> Path:
+def _config(tmp_path: Path, model_dir: Path, steps: int, checkpoint_every: int = 2,
+            eval_every: int = 0) -> Path:
     path = tmp_path / "async.toml"
-    text = CONFIG.format(model=model_dir, budget=4096, steps=steps, eval_every=0)
+    text = CONFIG.format(model=model_dir, budget=4096, steps=steps, eval_every=eval_every)
     path.write_text(text.replace("checkpoint_every = 2",
                                  f"checkpoint_every = {checkpoint_every}"))
     return path
@@ -49,9 +50,13 @@ def test_async_run_keeps_every_token_within_the_bound(tmp_path, model_dir, colle
                  'loss.objective="decoupled"', "loss.negative_advantage_veto=4.0",
                  "loss.relaxed_clip_eps_high=0.5", 'optim.lr_scaling="sqrt"',
                  "optim.lr_reference_batch=8"]
-    argv = ["train", str(_config(tmp_path, model_dir, steps=4)), "--out", str(out)]
+    # validations at steps 0, 2 and 4 share the engine with the generation running ahead
+    argv = ["train", str(_config(tmp_path, model_dir, steps=4, eval_every=2)), "--out",
+            str(out)]
     assert main(argv + [a for o in overrides for a in ("--set", o)]) == 0
     metrics = _lines(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics if "eval/accuracy" in m] == [0, 2, 4]
+    metrics = [m for m in metrics if m["step"] > 0]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     for m in metrics:
         assert m["staleness/max"] <= 1 and m["staleness/dropped_rollouts"] == 0
