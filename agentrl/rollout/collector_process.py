@@ -140,27 +140,45 @@ def serve_collections(conn: multiprocessing.connection.Connection, config: Any,
     except BaseException:  # noqa: BLE001 - reported to the trainer, which raises it
         conn.send(("error", traceback.format_exc()))
         return
+    code = 0
     try:
-        while True:
-            try:
-                kind, *args = conn.recv()
-            except EOFError:  # the trainer is gone
-                return
-            if kind == "weights":  # no reply: the trainer does not wait for the engine
-                side.collector.publish(args[1], args[0])
-                continue
-            try:
-                reply = ("ok", side.answer(kind, *args))
-            except BaseException:  # noqa: BLE001 - reported to the trainer
-                reply = ("error", traceback.format_exc())
-            conn.send(reply)
-            if kind == "close":
-                return
+        _answer_calls(conn, side)
+    except BaseException:  # noqa: BLE001 - e.g. the pipe broke mid-reply: say why, exit 1
+        traceback.print_exc()
+        code = 1
     finally:
         try:
             side.collector.close()
         finally:
-            os._exit(0)  # skip interpreter teardown: engine threads may still hold tensors
+            os._exit(code)  # skip interpreter teardown: engine threads may hold tensors
+
+
+def _answer_calls(conn: multiprocessing.connection.Connection, side: _RolloutSide) -> None:
+    """Answer the trainer's calls in order until it says close or goes away. Weights get
+    no reply (the trainer does not wait for the engine); a failure to take them is the
+    reply to the next call."""
+    failed_weights = None
+    while True:
+        try:
+            kind, *args = conn.recv()
+        except EOFError:  # the trainer is gone
+            return
+        if kind == "weights":
+            try:
+                side.collector.publish(args[1], args[0])
+            except BaseException:  # noqa: BLE001 - reported with the next reply
+                failed_weights = traceback.format_exc()
+            continue
+        try:
+            if failed_weights is not None:
+                failed_weights, why = None, failed_weights
+                raise RuntimeError(f"taking published weights failed:\n{why}")
+            reply = ("ok", side.answer(kind, *args))
+        except BaseException:  # noqa: BLE001 - reported to the trainer
+            reply = ("error", traceback.format_exc())
+        conn.send(reply)
+        if kind == "close":
+            return
 
 
 class _RolloutSide:

@@ -9,6 +9,7 @@ import signal
 import tomllib
 
 import pytest
+import torch
 
 from agentrl.config import ConfigError, config_from_dict
 from agentrl.model import build_tiny_checkpoint
@@ -55,6 +56,17 @@ def test_a_killed_collector_process_is_an_error_naming_it(tmp_path, model_dir) -
         os.kill(run.collector._process.pid, signal.SIGKILL)
         with pytest.raises(RuntimeError, match=r"collector process exited \(code -9\)"):
             run.collect(2)
+    finally:
+        run.close()
+
+
+def test_weights_the_child_cannot_take_fail_the_next_call(tmp_path, model_dir) -> None:
+    run = build_run(_config(model_dir), tmp_path / "run")
+    try:
+        run.collector.publish({"no.such.weight": torch.zeros(2)}, 1)  # no reply to wait on
+        with pytest.raises(RuntimeError, match="taking published weights failed"):
+            run.collector.sampler_state_before(1)
+        assert run.collector.sampler_state_before(1)  # reported once; the child goes on
     finally:
         run.close()
 
