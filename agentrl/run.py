@@ -247,9 +247,7 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
     configure_memory(config, model, reference, device)
     optimizer = build_optimizer(model, config.optim, lr=effective_lr(config))
     scheduler = build_scheduler(optimizer, config.optim)
-    sampler = EnvironmentSampler(
-        {env.display_name(): env.weight for env in config.environments}, config.train.seed
-    )
+    sampler = build_sampler(config)
     state = TrainerState()
     if checkpoint is not None:
         state = load_training_state(checkpoint, model, optimizer, scheduler)
@@ -393,6 +391,12 @@ def build_collector(config: Config, runner: Any, sampler: EnvironmentSampler,
     return AsyncCollector(runner, sampler, plan_batches(config).num_rollouts,
                           config.rollout.max_staleness, first_step, config.train.num_steps,
                           inflight_updates=config.rollout.inflight_updates)
+
+
+def build_sampler(config: Config) -> EnvironmentSampler:
+    """The environment sampler of a fresh run: the config's weights, its seed."""
+    return EnvironmentSampler(
+        {env.display_name(): env.weight for env in config.environments}, config.train.seed)
 
 
 def build_runner(config: Config, engine: Any, tokenizer: Any,

@@ -188,16 +188,14 @@ class _RolloutSide:
                  first_step: int, num_training_gpus: int) -> None:
         from agentrl.engines.build import build_engines
         from agentrl.model import load_tokenizer, read_args
-        from agentrl.run import build_collector, build_runner
-        from agentrl.sampler import EnvironmentSampler
+        from agentrl.run import build_collector, build_runner, build_sampler
 
         self.config = config
         self.tokenizer = load_tokenizer(model_dir)
         self.engine = build_engines(config, model_dir, self.tokenizer,
                                     read_args(model_dir).max_position_embeddings,
                                     num_training_gpus=num_training_gpus)
-        sampler = EnvironmentSampler(
-            {env.display_name(): env.weight for env in config.environments}, config.train.seed)
+        sampler = build_sampler(config)
         sampler.load_state_dict(sampler_state)
         runner = build_runner(config, self.engine, self.tokenizer, sampler)
         self.collector = build_collector(config, runner, sampler, first_step)
