@@ -32,7 +32,7 @@ class CausalLM(Protocol):
 
     def __call__(
         self, input_ids: Tensor, position_ids: Tensor | None, cu_seqlens: Tensor | None, *,
-        targets: Tensor, temperature: float, with_entropy: bool, needed: Tensor | None,
+        targets: Tensor, temperature: float, with_entropy: bool, positions: Tensor | None,
     ) -> TokenScores: ...
 
 
@@ -68,17 +68,26 @@ def _device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def head_positions(mb: MicroBatch) -> Tensor:
+    """Flat indices of the micro-batch's generated tokens (its loss mask), found where the
+    mask lives (the host, before ``mb.to(device)``): on a GPU this would wait for the
+    queued work at every micro-batch."""
+    return mb.loss_mask.reshape(-1).nonzero().squeeze(-1)
+
+
 def target_scores(model: nn.Module, mb: MicroBatch, temperature: float = 1.0,
-                  with_entropy: bool = True) -> TokenScores:
+                  with_entropy: bool = True, positions: Tensor | None = None) -> TokenScores:
     """Log-probs and entropy of the micro-batch's targets under the distribution the
     engine sampled from: logits divided by the rollout temperature, as the engines do
     before reporting log-probs (a temperature of 0, greedy, reports log-probs at
     temperature 1). Without this, ratios are off whenever T != 1. The model computes them
     from its hidden states in chunks (no [T, V] logits), only at the generated tokens
-    (the loss mask): every other position reads 0, which nothing downstream reads."""
+    (``positions``, from :func:`head_positions`; None: found here): every other position
+    reads 0, which nothing downstream reads."""
+    if positions is None:
+        positions = head_positions(mb)
     return model(mb.input_ids, mb.position_ids, mb.cu_seqlens, targets=mb.target_ids,
-                 temperature=temperature, with_entropy=with_entropy,
-                 needed=mb.loss_mask > 0)
+                 temperature=temperature, with_entropy=with_entropy, positions=positions)
 
 
 def forward_backward(
@@ -109,8 +118,9 @@ def forward_backward(
     denominator = max(num_tokens, 1.0)
     sums = torch.zeros(len(_FIGURES) + 1, dtype=torch.float64, device=device)
     for mb in micro_batches:
+        positions = head_positions(mb)
         mb = mb.to(device)
-        logprobs, token_entropy = target_scores(model, mb, temperature)
+        logprobs, token_entropy = target_scores(model, mb, temperature, positions=positions)
         old = logprobs.detach() if old_is_current else mb.old_logprobs
         loss, parts = policy_loss(
             logprobs, old, mb.advantages, mb.loss_mask, denominator, cfg,
@@ -154,8 +164,10 @@ def score(
     device = _device_of(model)
     out = []
     for mb in micro_batches:
+        positions = head_positions(mb)
         mb = mb.to(device)
-        scores = target_scores(model, mb, temperature, with_entropy=False)
+        scores = target_scores(model, mb, temperature, with_entropy=False,
+                               positions=positions)
         out.append(scores.logprobs * mb.loss_mask)
     return out
 

@@ -71,16 +71,18 @@ def entropy_from_scaled(z_nv: Tensor, lse_n: Tensor) -> Tensor:
 
 def chunked_target_logprobs(
     hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk: int,
-    with_entropy: bool = True, needed: Tensor | None = None,
+    with_entropy: bool = True, positions: Tensor | None = None,
 ) -> TokenScores:
     """Log-prob and entropy of each target from final hidden states, ``chunk`` tokens at
     a time: hidden [..., H], weight (the LM head) [V, H], targets [...] → TokenScores of
     shape [...]. Exact like ``target_logprobs(hidden @ weight.T, targets, T)``; no
     ``[T, V]`` tensor exists in forward or backward, only ``[chunk, V]`` ones.
 
-    ``needed`` (bool, like targets): only those positions get the head (forward and
-    backward); the others read 0 and pass no gradient. In agentic rows most tokens are
-    prompts and tool output, which the loss never reads.
+    ``positions`` (int64 [M], indices into the flattened targets): only those positions
+    get the head (forward and backward); the others read 0 and pass no gradient. In
+    agentic rows most tokens are prompts and tool output, which the loss never reads.
+    Give them from the host (``agentrl.update.head_positions``): finding them on a GPU
+    would wait for the queued forward.
     """
     if chunk < 1:
         raise ValueError(f"log-prob chunk is {chunk} tokens; train.logprob_chunk_tokens must "
@@ -88,11 +90,11 @@ def chunked_target_logprobs(
     if targets.shape != hidden.shape[:-1]:
         raise ValueError(f"targets have shape {tuple(targets.shape)}; expected "
                          f"{tuple(hidden.shape[:-1])}, one target per position")
-    if needed is not None and needed.shape != targets.shape:
-        raise ValueError(f"needed has shape {tuple(needed.shape)}; expected "
-                         f"{tuple(targets.shape)} like the targets")
+    if positions is not None and positions.dim() != 1:
+        raise ValueError(f"positions have shape {tuple(positions.shape)}; expected one "
+                         "flat index per needed target, [M]")
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
-    index = None if needed is None else needed.reshape(-1).nonzero().squeeze(-1)
+    index = None if positions is None else positions.to(hidden.device, non_blocking=True)
     logprobs, entropy = _ChunkedHead.apply(
         flat_hidden, weight, targets.reshape(-1), temperature, chunk, tuple(targets.shape),
         with_entropy, index,

@@ -181,12 +181,12 @@ class LMHead(nn.Linear):
     def forward(  # type: ignore[override]
         self, hidden: torch.Tensor, targets: torch.Tensor | None = None,
         temperature: float = 1.0, with_entropy: bool = True,
-        needed: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor | TokenScores:
         if targets is None:
             return F.linear(hidden, self.weight).float()
         return chunked_target_logprobs(hidden, self.weight, targets, temperature,
-                                       self.chunk_tokens, with_entropy, needed)
+                                       self.chunk_tokens, with_entropy, positions)
 
 
 class CausalLM(nn.Module):
@@ -234,13 +234,14 @@ class CausalLM(nn.Module):
         targets: torch.Tensor | None = None,
         temperature: float = 1.0,
         with_entropy: bool = True,
-        needed: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor | TokenScores:
         """Logits [B, T, V] in fp32 for input_ids [B, T]; with ``targets`` [B, T] instead
         ``TokenScores``: log_softmax(logits / temperature)[target] [B, T] in fp32 and the
         entropy [B, T] (no grad; None without ``with_entropy``), without ever holding the
-        [T, V] logits (training). ``needed`` (bool [B, T]): the positions whose scores are
-        read (the generated tokens); the head runs only there, the rest read 0.
+        [T, V] logits (training). ``positions`` (flat indices into [B, T]): the targets
+        whose scores are read (the generated tokens); the head runs only there, the rest
+        read 0.
 
         With ``cu_seqlens`` (B must be 1) the row holds several rows back to back and
         attention stays inside each; position ids then restart at 0 per row (derived from
@@ -262,7 +263,7 @@ class CausalLM(nn.Module):
         if targets.shape != input_ids.shape:
             raise ValueError(f"targets have shape {tuple(targets.shape)}; expected "
                              f"{tuple(input_ids.shape)} like input_ids")
-        return self.lm_head(hidden, targets, temperature, with_entropy, needed)
+        return self.lm_head(hidden, targets, temperature, with_entropy, positions)
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
         """An empty cache for ``num_slots`` concurrent requests of up to ``max_len`` tokens."""

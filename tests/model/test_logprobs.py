@@ -179,7 +179,7 @@ def test_scoring_passes_skip_the_entropy_and_get_the_same_logprobs():
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("chunk", [1, 5, 1000])
 def test_the_head_runs_only_where_scores_are_needed(tied, chunk):
-    """With ``needed`` (the generated tokens) the needed positions get the same log-probs
+    """With ``positions`` (the generated tokens) the needed positions get the same log-probs
     and entropy as the full path, the rest read 0, and the gradient equals the full
     path's with the unneeded positions weighted 0; none needed still gives every
     parameter a (zero) gradient, as a rank with only padding must."""
@@ -188,10 +188,11 @@ def test_the_head_runs_only_where_scores_are_needed(tied, chunk):
     ids, targets, weights = _batch(seed=1)
     needed = torch.rand(1, TOTAL, generator=torch.Generator().manual_seed(2)) < 0.3
     assert 0 < int(needed.sum()) < TOTAL
+    positions = needed.reshape(-1).nonzero().squeeze(-1)
     ref_lp, ref_ent, ref_grads = _reference(model, ids, targets, weights * needed, 0.7)
     model.zero_grad(set_to_none=True)
     scores = model(ids, cu_seqlens=CU_SEQLENS, targets=targets, temperature=0.7,
-                   needed=needed)
+                   positions=positions)
     (scores.logprobs * weights).sum().backward()  # unneeded positions carry weight too
     torch.testing.assert_close(scores.logprobs.detach().double(), ref_lp * needed,
                                atol=1e-5, rtol=0)
@@ -200,9 +201,9 @@ def test_the_head_runs_only_where_scores_are_needed(tied, chunk):
         torch.testing.assert_close(param.grad, ref_grads[name], atol=1e-5, rtol=1e-5,
                                    msg=name)
     model.zero_grad(set_to_none=True)
-    none = model(ids, cu_seqlens=CU_SEQLENS, targets=targets, needed=torch.zeros_like(needed))
+    none = model(ids, cu_seqlens=CU_SEQLENS, targets=targets, positions=positions[:0])
     assert not none.logprobs.any()
     none.logprobs.sum().backward()
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
-    with pytest.raises(ValueError, match="needed has shape"):
-        model(ids, cu_seqlens=CU_SEQLENS, targets=targets, needed=needed[:, 1:])
+    with pytest.raises(ValueError, match="positions have shape"):
+        model(ids, cu_seqlens=CU_SEQLENS, targets=targets, positions=needed)
