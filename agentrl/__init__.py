@@ -14,12 +14,12 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "make": "agentrl.registry",
-    "AgentEnv": "agentrl.env",
-    "Task": "agentrl.env",
-    "Grade": "agentrl.env",
-    "tool": "agentrl.tools",
-    "format_call": "agentrl.tools",
+    "make": "agentrl.envs.registry",
+    "AgentEnv": "agentrl.envs.agent_env",
+    "Task": "agentrl.envs.agent_env",
+    "Grade": "agentrl.envs.agent_env",
+    "tool": "agentrl.envs.tools",
+    "format_call": "agentrl.envs.tools",
     "Message": "agentrl.types",
     "load_config": "agentrl.config",
 }
@@ -28,7 +28,7 @@ __all__ = [*_EXPORTS, "__version__"]
 
 # Register the built-in environments (and installed packages' gymnasium.envs plugins) with
 # Gymnasium, so `gymnasium.make("agentrl/Countdown-v0")` works after `import agentrl`.
-importlib.import_module("agentrl.registry")
+importlib.import_module("agentrl.envs.registry")
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,8 @@ Vocabulary (one meaning each, as in docs/architecture.md):
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -22,6 +24,16 @@ class Message(msgspec.Struct, omit_defaults=True):
     content: str = ""
     name: str | None = None
     """The tool's name, on a "tool" message."""
+
+
+def as_dicts(messages: list[Any]) -> list[dict[str, Any]]:
+    """Messages (``Message`` structs or dicts) as the plain dicts chat templates expect."""
+    out = []
+    for message in messages:
+        if isinstance(message, msgspec.Struct):
+            message = {k: v for k, v in msgspec.structs.asdict(message).items() if v is not None}
+        out.append(dict(message))
+    return out
 
 
 class Segment(msgspec.Struct):

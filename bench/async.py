@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from agentrl.config import config_from_dict
-from agentrl.metric_writers import read_metrics
+from agentrl.observe.writers import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOW_ENV = {"id": "bench.slow_tools:SlowToolCalculator", "name": "slow_calculator",
@@ -106,8 +106,8 @@ def train_once(config: Any, run_dir: Path) -> tuple[float, float]:
     spent inside collections). With the engine in a process of its own, the CPU time of a
     synchronous run's collections is the rollout side's own work (environments, tools,
     chat templates, tokenizer, HTTP), which needs a core of its own to overlap."""
-    from agentrl.run import build_run
-    from agentrl.trainer import train
+    from agentrl.train.run import build_run
+    from agentrl.train.trainer import train
 
     run = build_run(config, run_dir)
     collect, cpu = run.collect, [0.0]

@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.torch_engine import TorchEngine
+from agentrl.engines.interface import SamplingParams
+from agentrl.engines.torch_engine import TorchEngine
 from bench.engine_throughput import tiny_model
 
 

@@ -32,13 +32,13 @@ from typing import Any
 import torch
 
 from agentrl.config import config_from_dict
+from agentrl.engines.interface import SamplingParams
 from agentrl.engines.remote import RemoteEngine
 from agentrl.engines.router import EngineRouter
 from agentrl.engines.spawn import spawn_servers
+from agentrl.engines.torch_engine import TorchEngine
 from agentrl.model import build_tiny_checkpoint, load_pretrained, load_tokenizer
-from agentrl.rollout.engine import SamplingParams
 from agentrl.rollout.runner import RolloutRunner
-from agentrl.rollout.torch_engine import TorchEngine
 from agentrl.sampler import EnvironmentSampler
 from agentrl.types import Message
 
@@ -196,7 +196,7 @@ def _dry_run_checks(report: Any, tmp: Path) -> None:
 
 
 def _vllm_checks(report: Any, tmp: Path) -> None:
-    from agentrl.rollout.vllm_engine import VLLMEngine, vllm_available
+    from agentrl.engines.vllm_engine import VLLMEngine, vllm_available
 
     if not vllm_available():
         report.skip("[engines] vLLM replicas", "vllm is not installed (pip install -e '.[gpu]')")

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
+from agentrl.engines.interface import SamplingParams
+from agentrl.engines.torch_engine import TorchEngine
 from agentrl.model import build_tiny_checkpoint, load_pretrained
-from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.torch_engine import TorchEngine
 
 
 def naive_generate(model, prompt: list[int], num_tokens: int) -> list[int]:

@@ -2,7 +2,7 @@
 
     python bench/env_adversarial.py [--deadline 5] [--envs Countdown,GSM8K]
 
-The texts are ``agentrl.adversarial.cases()``, with tool calls naming each environment's
+The texts are ``agentrl.envs.adversarial.cases()``, with tool calls naming each environment's
 own tool. Each (environment, text) case runs ``reset(seed=0)`` then ``step(text)`` in a forked
 child, so a case that holds the GIL or never returns is measured without stalling the
 others: past ``--deadline`` seconds the child is killed and the case counts as a hang.
@@ -19,7 +19,7 @@ import multiprocessing as mp
 import time
 from typing import Any
 
-from agentrl.adversarial import cases
+from agentrl.envs.adversarial import cases
 
 ENVS = ("Countdown", "GSM8K", "Calculator", "KVStore", "Python")
 TOOLS = {"Calculator": ("calculate", "expression"), "KVStore": ("lookup", "key"),
@@ -28,7 +28,7 @@ TOOLS = {"Calculator": ("calculate", "expression"), "KVStore": ("lookup", "key")
 
 def run_case(env_id: str, text: str, conn: Any) -> None:
     """In the child: reset, one step, report what came out."""
-    from agentrl.registry import make
+    from agentrl.envs.registry import make
 
     env = make(env_id)
     env.reset(seed=0)
@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=5.0, help="seconds before a hang")
     parser.add_argument("--envs", default=",".join(ENVS))
     args = parser.parse_args()
-    import agentrl.registry  # noqa: F401 - import once before forking
+    import agentrl.envs.registry  # noqa: F401 - import once before forking
 
     total = {"raised": 0, "hang": 0, "bad": 0, "died": 0, "cases": 0}
     worst = (0.0, "")

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from agentrl.config import config_from_dict
-from agentrl.env import AgentEnv, Grade, Task
-from agentrl.rollout.engine import Generation
+from agentrl.engines.interface import Generation
+from agentrl.envs.agent_env import AgentEnv, Grade, Task
 from agentrl.rollout.runner import RolloutRunner
 from agentrl.sampler import EnvironmentSampler
 from agentrl.types import Message

@@ -5,7 +5,7 @@ before: the model returns fp32 logits [T, V] for every position and the loss red
 after:  the model's forward returns the targets' log-probs computed from the hidden
         states in chunks (``train.logprob_chunk_tokens``), every decoder layer checkpointed.
 
-Autograd state (``agentrl.memory.measure.saved_bytes``: tensors saved for backward, once
+Autograd state (``agentrl.train.measure_memory.saved_bytes``: tensors saved for backward, once
 per storage, parameters excluded) splits into
 
 - per layer: what one decoder layer keeps, per token (measured on a model with
@@ -45,16 +45,16 @@ from typing import Any
 import msgspec
 import torch
 
-from agentrl.memory.measure import (
+from agentrl.memory.plan import saved_bytes_per_token
+from agentrl.model import ModelArgs
+from agentrl.model.shapes import KNOWN_SHAPES
+from agentrl.train.measure_memory import (
     SavedPerToken,
     build_model,
     measure_cuda_peak,
     saved_bytes_and_peak_rss,
     synthetic_micro_batch,
 )
-from agentrl.memory.plan import saved_bytes_per_token
-from agentrl.model import ModelArgs
-from agentrl.model.shapes import KNOWN_SHAPES
 
 SHAPES = {"qwen2.5-1.5b": "Qwen2.5-1.5B", "qwen2.5-7b": "Qwen2.5-7B"}
 KIB, MIB = 1024, 1024**2

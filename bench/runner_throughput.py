@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 
 from agentrl.config import config_from_dict
+from agentrl.engines.torch_engine import TorchEngine
 from agentrl.model import build_tiny_checkpoint, load_pretrained, load_tokenizer
 from agentrl.rollout.demo import ScriptedLongEnv
 from agentrl.rollout.runner import RolloutRunner
-from agentrl.rollout.torch_engine import TorchEngine
 from agentrl.sampler import EnvironmentSampler
 
 

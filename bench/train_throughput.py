@@ -19,8 +19,8 @@ from agentrl.loss import policy_loss
 from agentrl.model import ModelArgs
 from agentrl.model.tiny import init_model
 from agentrl.packing import collate, pack
+from agentrl.train.update import forward_backward
 from agentrl.types import Row
-from agentrl.update import forward_backward
 
 BUDGET = 1024
 NUM_ROWS = 96

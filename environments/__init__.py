@@ -1,1 +1,1 @@
-"""Built-in agentrl environments, one module each; registered in ``agentrl.registry``."""
+"""Built-in agentrl environments, one module each; registered in ``agentrl.envs.registry``."""

@@ -18,9 +18,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from agentrl.env import AgentEnv, Grade, Task
+from agentrl.envs import AgentEnv, Grade, Task, format_call, tool
 from agentrl.text import short_repr
-from agentrl.tools import format_call, tool
 from agentrl.types import Message
 from environments._verify import (
     ExpressionError,

@@ -18,7 +18,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from agentrl.env import AgentEnv, Grade, Task
+from agentrl.envs import AgentEnv, Grade, Task
 from agentrl.types import Message
 from environments._verify import ExpressionError, last_tagged, parse_arithmetic
 

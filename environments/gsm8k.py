@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.env import AgentEnv, Grade, Task
+from agentrl.envs import AgentEnv, Grade, Task
 from agentrl.types import Message
 from environments._verify import extract_number, numbers_equal
 

@@ -20,8 +20,7 @@ import re
 
 import numpy as np
 
-from agentrl.env import AgentEnv, Grade, Task
-from agentrl.tools import tool
+from agentrl.envs import AgentEnv, Grade, Task, tool
 from agentrl.types import Message
 from environments._verify import extract_number, last_tagged
 

@@ -18,10 +18,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from agentrl.env import AgentEnv, Grade, Task
+from agentrl.envs import AgentEnv, Grade, Task, tool
 from agentrl.sandbox import SandboxLimits, describe, require_isolation
 from agentrl.sandbox import run_python as run_sandboxed
-from agentrl.tools import tool
 from agentrl.types import Message
 from environments._verify import extract_number, numbers_equal
 

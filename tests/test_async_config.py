@@ -9,7 +9,7 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.config import ConfigError, config_from_dict
-from agentrl.schedule import effective_lr
+from agentrl.config.schedule import effective_lr
 
 BASE = {"environments": [{"id": "agentrl/Countdown-v0"}],
         "batch": {"rollout_batch_size": 8, "n_samples_per_prompt": 8, "global_batch_size": 64}}
@@ -98,7 +98,7 @@ def test_the_async_bench_config_and_its_slow_tool_environment():
     assert served.rollout.remote_engines == ["http://127.0.0.1:8123"]  # --engine-process
     assert sync.rollout.remote_engines == []
 
-    from agentrl.registry import make
+    from agentrl.envs.registry import make
 
     env = make("bench.slow_tools:SlowToolCalculator", max_number=9, latency_s=0.3)
     env.reset(seed=1)

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.accounting import describe_plan, plan_batches
 from agentrl.cli import main
 from agentrl.config import ConfigError, config_from_dict, load_config
+from agentrl.config.accounting import describe_plan, plan_batches
 
 ONE_ENV = [{"id": "agentrl/Countdown-v0"}]
 

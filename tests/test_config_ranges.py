@@ -11,7 +11,7 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.config import Config, ConfigError, EnvironmentConfig, config_from_dict
-from agentrl.ranges import describe_range
+from agentrl.config.ranges import describe_range
 
 ONE_ENV = [{"id": "agentrl/Countdown-v0"}]
 
@@ -130,7 +130,7 @@ def test_values_on_the_boundary_are_accepted(setting, value) -> None:
 
 def test_a_config_built_in_python_is_checked_too() -> None:
     from agentrl.config import RolloutConfig
-    from agentrl.config_checks import validate
+    from agentrl.config.checks import validate
 
     config = Config(environments=[EnvironmentConfig(id="agentrl/Countdown-v0")],
                     rollout=RolloutConfig(top_p=0.0))

@@ -10,11 +10,11 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.config import CompactionConfig, ConfigError, RolloutConfig, config_from_dict
-from agentrl.context_budget import budget_problem, measure_first_prompt
+from agentrl.envs.context_budget import budget_problem, measure_first_prompt
+from agentrl.envs.registry import make
 from agentrl.model.tiny import tiny_tokenizer
-from agentrl.preflight import Preflight, check_context_budget
-from agentrl.registry import make
 from agentrl.rollout.multi_turn import RolloutSpec, play_rollout
+from agentrl.train.preflight import Preflight, check_context_budget
 from tests.rollout.stand_ins import RecordingEngine, ScriptedEngine
 
 

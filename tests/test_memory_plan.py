@@ -10,7 +10,6 @@ import torch
 
 from agentrl.cli import main
 from agentrl.config import load_config
-from agentrl.memory.measure import build_model, saved_bytes, synthetic_micro_batch
 from agentrl.memory.plan import (
     GIB,
     parameter_counts,
@@ -20,6 +19,7 @@ from agentrl.memory.plan import (
 from agentrl.model import ModelArgs
 from agentrl.model.shapes import KNOWN_SHAPES, model_shape
 from agentrl.model.tiny import init_model
+from agentrl.train.measure_memory import build_model, saved_bytes, synthetic_micro_batch
 
 GSM8K = "configs/gsm8k_qwen2.5_1.5b.toml"
 COUNTDOWN = "configs/countdown_qwen2.5_1.5b.toml"

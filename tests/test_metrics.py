@@ -2,7 +2,7 @@
 
 import json
 
-from agentrl.metrics import step_stats
+from agentrl.observe.metrics import step_stats
 from tests.factories import rollout
 
 
@@ -28,7 +28,7 @@ def test_counts_by_hand():
 
 
 def test_rows_per_rollout_and_tool_errors_by_kind_per_environment():
-    from agentrl.metrics import rollout_figures
+    from agentrl.observe.metrics import rollout_figures
     from agentrl.types import RolloutStats
 
     a = rollout("a", "G1", 1.0, num_rows=3, env="x")

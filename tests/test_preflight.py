@@ -10,9 +10,9 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
-from agentrl.env import AgentEnv
+from agentrl.envs.agent_env import AgentEnv
 from agentrl.model import build_tiny_checkpoint
-from agentrl.preflight import CHECKS, Preflight, accepted_keywords, run_checks
+from agentrl.train.preflight import CHECKS, Preflight, accepted_keywords, run_checks
 
 POSITIONS = 512
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.accounting import plan_batches
 from agentrl.cli import main
 from agentrl.config import load_config
+from agentrl.config.accounting import plan_batches
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted([*ROOT.glob("configs/**/*.toml"), *ROOT.glob("examples/**/*.toml")])
@@ -38,7 +38,7 @@ def warm_start_stand_in(config, folder: Path) -> Path:
     """What `agentrl sft` writes for a config (its tokenizer fitted to the environments'
     demonstrations, so prompts measure as in the walkthrough), untrained."""
     from agentrl.model import build_tiny_checkpoint
-    from agentrl.sft import WarmStartConfig, tokenizer_corpus
+    from agentrl.train.sft import WarmStartConfig, tokenizer_corpus
 
     ws = WarmStartConfig()
     return build_tiny_checkpoint(folder, hidden_size=32, num_layers=1, num_heads=2,

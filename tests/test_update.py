@@ -19,8 +19,8 @@ from agentrl.model import ModelArgs
 from agentrl.model.tiny import init_model
 from agentrl.packing import CostModel, MicroBatch, collate, pack, plan_micro_batches
 from agentrl.parallel.fsdp import clip_grad_norm
+from agentrl.train.update import forward_backward, score, with_logprobs
 from agentrl.types import Row
-from agentrl.update import forward_backward, score, with_logprobs
 
 VOCAB = 97
 CFG = LossConfig(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.0, tis_cap=2.0)

@@ -11,7 +11,7 @@ from test_update import CFG, COST, gradient, make_model, make_rows, micro_batche
 from agentrl.packing import plan_micro_batches
 from agentrl.parallel import groups
 from agentrl.parallel.fsdp import iter_full_parameters, shard_model
-from agentrl.update import forward_backward
+from agentrl.train.update import forward_backward
 from tests.parallel.ranks import spawn_ranks
 
 NUM_RANKS = 2

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.cli import COMMANDS, main
-from agentrl.metric_writers import read_metrics
+from agentrl.observe.writers import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "writing-environments.md"
@@ -85,12 +85,9 @@ def test_the_pages_jsonl_example_is_a_correct_demonstration(tmp_path, monkeypatc
     import asyncio
 
     from agentrl.config import load_config
-    from agentrl.demonstrations import (
-        demonstration_policies,
-        load_trajectories,
-        play_demonstrations,
-    )
+    from agentrl.envs.demonstrations import demonstration_policies, load_trajectories
     from agentrl.model.tiny import tiny_tokenizer
+    from agentrl.rollout.demonstrations import play_demonstrations
 
     text = DOC.read_text()
     example = re.search(r"```json\n(.*?)```", text, re.S).group(1)

@@ -13,7 +13,7 @@ containment (:class:`agentrl.rollout.env_guard.GuardedEnv`): each call has a dea
 (``--timeout``), an episode at most ``--max-steps`` steps, and what ``reset``/``step``
 return is checked by the same code as in training, so a violation is reported in the
 same words (``env 'x': step() returned reward 'high' (str); expected a finite float``).
-``--adversarial`` also sends every text of :mod:`agentrl.adversarial` (huge, nested,
+``--adversarial`` also sends every text of :mod:`agentrl.envs.adversarial` (huge, nested,
 surrogates, malformed tool calls naming the environment's first tool) as one step of a
 fresh instance and reports what broke. Exit status: 0 all good, 1 a check failed, the
 environment broke its contract or its first prompt does not fit the budget, 2 the
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=64,
                         help="steps an episode may take before it is reported as endless")
     parser.add_argument("--adversarial", action="store_true",
-                        help="also step every adversarial text (agentrl.adversarial) once")
+                        help="also step every adversarial text (agentrl.envs.adversarial) once")
     parser.add_argument("--max-observation-chars", type=int,
                         default=RolloutConfig().max_observation_chars,
                         help="characters one reset or step may return (as in training)")
@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the checks; exit status 1 when one fails, 2 when the environment is unknown."""
-    from agentrl.registry import make, resolve
+    from agentrl.envs.registry import make, resolve
 
     kwargs = _json_kwargs(args.kwargs)
     try:
@@ -130,7 +130,7 @@ async def _adversarial(args: argparse.Namespace, factory: Any, schemas: list[dic
     """Each adversarial text as the first step of a fresh instance; 1 when any broke it."""
     import time
 
-    from agentrl.adversarial import cases
+    from agentrl.envs.adversarial import cases
     from agentrl.rollout.env_contract import EnvError
     from agentrl.rollout.env_guard import GuardedEnv
 
@@ -207,7 +207,7 @@ def _gym_check(env: Any) -> str | None:
 
 def _next_action(env: Any, transcript: list, actions: list[str] | None, step: int) -> str:
     """In the worker: the given action, the demonstration policy's, or random text."""
-    from agentrl.env import has_demonstration
+    from agentrl.envs.agent_env import has_demonstration
 
     if actions is not None:
         return actions[step] if step < len(actions) else actions[-1]
@@ -221,7 +221,7 @@ def _next_action(env: Any, transcript: list, actions: list[str] | None, step: in
 
 def _policy_line(env: Any, actions: list[str] | None) -> str:
     """In the worker: where the scripted episodes' actions come from."""
-    from agentrl.env import has_demonstration
+    from agentrl.envs.agent_env import has_demonstration
 
     if actions is not None:
         return "scripted episodes: the actions of --actions"
@@ -238,14 +238,14 @@ async def _print_context_budget(args: argparse.Namespace, kwargs: dict, env: Any
     import msgspec
 
     from agentrl.config import ConfigError, EnvironmentConfig, config_from_dict, load_config
-    from agentrl.context_budget import (
+    from agentrl.envs.context_budget import (
         NUM_TASKS,
         budget_of_prompts,
         budget_problem,
         describe_budgets,
     )
-    from agentrl.preflight import Preflight
     from agentrl.rollout.env_contract import EnvError
+    from agentrl.train.preflight import Preflight
 
     if args.config:
         config = load_config(args.config)

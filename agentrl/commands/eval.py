@@ -27,11 +27,11 @@ def run(args: argparse.Namespace) -> int:
     import msgspec
 
     from agentrl.config import load_config
-    from agentrl.evaluation import evaluate
     from agentrl.model import load_pretrained, load_tokenizer
     from agentrl.parallel.fsdp import compute_dtype, iter_full_parameters
     from agentrl.parallel.groups import local_device
-    from agentrl.run import build_engine
+    from agentrl.rollout.build import build_engine
+    from agentrl.rollout.evaluation import evaluate
 
     config = load_config(args.config, args.overrides)
     config = msgspec.structs.replace(

@@ -30,10 +30,10 @@ def run(args: argparse.Namespace) -> int:
     """Load and validate the config, print the plan and, when asked, the memory plan (it
     needs only the model's shape, so it prints on a machine without the model), then run
     the plan-time checks. Exit status 2 when a check fails, 1 when a rank does not fit."""
-    from agentrl.accounting import describe_plan, plan_batches
     from agentrl.config import load_config
-    from agentrl.preflight import run_checks
-    from agentrl.schedule import describe_lr
+    from agentrl.config.accounting import describe_plan, plan_batches
+    from agentrl.config.schedule import describe_lr
+    from agentrl.train.preflight import run_checks
 
     config = load_config(args.config, args.overrides)
     print(describe_plan(plan_batches(config)))

@@ -4,7 +4,7 @@ Validation accuracy (when logged) and training reward against four budgets — c
 rollouts, sampled tokens, optimizer updates, active phase time — so runs with different
 batch shapes compare on what they spent. With ``--target X`` each run's time-to-target bracket
 is printed and drawn: the first validation at or above X and the one before it. Below
-them, the agent side against steps (:mod:`agentrl.panels`): compactions and rows per
+them, the agent side against steps (:mod:`agentrl.observe.panels`): compactions and rows per
 rollout, turns, truncation and its reasons, tool errors by kind, invalid rollouts by
 reason, overall and per environment, each panel only when it was logged.
 """
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read each run's metrics, print the brackets, draw the PNG."""
-    from agentrl.metric_writers import read_metrics
+    from agentrl.observe.writers import read_metrics
 
     runs = {}
     for folder in args.runs:
@@ -122,7 +122,7 @@ def _where(record: dict[str, Any] | None) -> str:
 
 def _envs(records: list[dict[str, Any]]) -> list[str]:
     """Environments that appear anywhere in a run's metrics."""
-    from agentrl.panels import all_keys, env_names
+    from agentrl.observe.panels import all_keys, env_names
 
     return env_names(all_keys([records]))
 
@@ -160,7 +160,7 @@ def build_figure(runs: dict[str, list[dict[str, Any]]], metric: str, target: flo
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from agentrl.panels import agent_panels, all_keys, draw
+    from agentrl.observe.panels import agent_panels, all_keys, draw
 
     has_eval = any(k == metric or (k.startswith("eval/") and k.endswith("/accuracy"))
                    for k in all_keys(runs.values()))

@@ -63,7 +63,7 @@ def _serve_builtin(config: Any, args: argparse.Namespace) -> int:
     from agentrl.engines.build import build_torch_replica, engine_dtype, engine_max_len
     from agentrl.engines.server import EngineServer, serve_forever
     from agentrl.model import load_tokenizer, read_args
-    from agentrl.run import resolve_model_dir
+    from agentrl.train.run import resolve_model_dir
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -94,8 +94,8 @@ def vllm_serve_command(config: Any, host: str, port: int) -> tuple[list[str], di
     import torch
 
     from agentrl.engines.build import engine_dtype, engine_max_len
+    from agentrl.engines.vllm_engine import EXTENSION_QUALNAME
     from agentrl.model import read_args
-    from agentrl.rollout.vllm_engine import EXTENSION_QUALNAME
 
     rollout = config.rollout
     transport = rollout.weight_transport

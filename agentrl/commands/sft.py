@@ -1,6 +1,6 @@
 """``agentrl sft CONFIG --out DIR [--demonstrations FILE.jsonl]``: warm-start a model on
 demonstrations of every environment of the config (each environment's ``demonstrate``
-policy, or trajectories from JSONL files; see :mod:`agentrl.demonstrations`)."""
+policy, or trajectories from JSONL files; see :mod:`agentrl.envs.demonstrations`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ HELP = ("Warm start: supervised training on correct demonstrations of every envi
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments: config, output folder, and the warm-start knobs."""
-    from agentrl.sft import WarmStartConfig
+    from agentrl.train.sft import WarmStartConfig
 
     defaults = WarmStartConfig()
     parser.add_argument("config", help="TOML config (its environments and model.path)")
@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
     """Build or load the model, train it on demonstrations, save it."""
 
     from agentrl.config import load_config
-    from agentrl.demonstrations import load_trajectories
-    from agentrl.sft import WarmStartConfig, warm_start
+    from agentrl.envs.demonstrations import load_trajectories
+    from agentrl.train.sft import WarmStartConfig, warm_start
 
     config = load_config(args.config, args.overrides)
     trajectories = load_trajectories(args.demonstrations)

@@ -36,8 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the config, run the plan-time checks, then train here or start the local ranks
     that will."""
-    from agentrl.accounting import describe_plan, plan_batches
     from agentrl.config import load_config
+    from agentrl.config.accounting import describe_plan, plan_batches
     from agentrl.parallel.launch import check_rank_count, launch_local_ranks, needs_local_launch
 
     config = load_config(args.config, args.overrides)
@@ -62,12 +62,12 @@ def run(args: argparse.Namespace) -> int:
 def _preflight(config: Any, out: Path, resume: bool) -> None:
     """The plan-time checks (refuse before anything is spawned or loaded) and, on resume,
     removal of partial checkpoints left by a killed run."""
-    from agentrl.preflight import run_checks
+    from agentrl.train.preflight import run_checks
 
     for line in run_checks(config):
         print(line)
     if resume:
-        from agentrl.checkpoint import remove_stale_temp_folders
+        from agentrl.train.checkpoint import remove_stale_temp_folders
 
         for stale in remove_stale_temp_folders(out):
             print(f"removed {stale}: a partial checkpoint left by a killed run")
@@ -91,11 +91,11 @@ def _train(config: Any, out: Path, resume: bool, checked: bool = False) -> tuple
 
 def _train_rank(config: Any, out: Path, resume: bool, checked: bool) -> Any:
     """Join the group, build the run and train it; the final state."""
-    from agentrl.accounting import describe_plan, plan_batches
+    from agentrl.config.accounting import describe_plan, plan_batches
     from agentrl.parallel import groups
     from agentrl.parallel.timeouts import timeouts
-    from agentrl.run import build_run
-    from agentrl.trainer import train
+    from agentrl.train.run import build_run
+    from agentrl.train.trainer import train
 
     limits = timeouts(config)
     groups.init_process_group(limits.collective_s)

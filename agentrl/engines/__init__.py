@@ -1,1 +1,1 @@
-"""Inference at scale: replicas behind a router, HTTP serving, remote replicas, weight sync."""
+"""Inference: the engine protocol, the built-in and vLLM engines, router, servers, weight sync."""

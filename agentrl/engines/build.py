@@ -1,6 +1,6 @@
 """Building the inference side of a run: local replicas, remote replicas, one router.
 
-:func:`build_engines` is what ``agentrl.run`` calls. Local replicas own their model (a
+:func:`build_engines` is what ``agentrl.train.run`` calls. Local replicas own their model (a
 built-in ``TorchEngine`` loads its own copy of the checkpoint; vLLM runs in its own
 processes), so generation never touches the trainer's (possibly sharded) parameters.
 Placement decides their GPUs (:func:`replica_gpus`); :func:`engine_memory` gives the
@@ -105,8 +105,8 @@ def build_torch_replica(config: Config, model_dir: str | Path, tokenizer: Any, m
                         gpus: list[int], index: int, dtype: torch.dtype) -> Any:
     """A built-in engine replica with its own copy of the checkpoint (on ``gpus[0]``, or
     the CPU when ``gpus`` is empty)."""
+    from agentrl.engines.torch_engine import TorchEngine
     from agentrl.model import load_pretrained
-    from agentrl.rollout.torch_engine import TorchEngine
 
     device = torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")
     model = load_pretrained(model_dir, dtype=dtype, attention=config.model.attention,
@@ -122,7 +122,7 @@ def build_torch_replica(config: Config, model_dir: str | Path, tokenizer: Any, m
 
 def _vllm_replica(config: Config, model_dir: str | Path, max_len: int, gpus: list[int],
                   index: int, dtype: torch.dtype) -> Any:
-    from agentrl.rollout.vllm_engine import VLLMEngine
+    from agentrl.engines.vllm_engine import VLLMEngine
 
     rollout = config.rollout
     args: dict[str, Any] = {"gpu_memory_utilization": 0.5, "max_model_len": max_len,

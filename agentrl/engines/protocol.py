@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agentrl.rollout.engine import Generation, SamplingParams
+from agentrl.engines.interface import Generation, SamplingParams
 
 TOKEN_ID_PREFIX = "token_id:"
 

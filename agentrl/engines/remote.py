@@ -21,9 +21,9 @@ from agentrl.engines.http import (
     request_json,
     split_url,
 )
+from agentrl.engines.interface import Generation, NamedTensors, SamplingParams, next_version
 from agentrl.engines.protocol import completion_request, generation_from_response
 from agentrl.engines.sync_client import CollectiveSync, HttpControl, local_address_towards
-from agentrl.rollout.engine import Generation, NamedTensors, SamplingParams, next_version
 
 
 class RemoteEngine:

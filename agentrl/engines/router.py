@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from agentrl.engines.http import ReplicaUnavailableError
+from agentrl.engines.interface import Generation, NamedTensors, SamplingParams, next_version
 from agentrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, push_weights
-from agentrl.rollout.engine import Generation, NamedTensors, SamplingParams, next_version
 
 MAX_REMEMBERED_KEYS = 65536
 """Rollout keys whose replica is remembered (the oldest are forgotten first)."""

@@ -20,8 +20,8 @@ import torch
 
 from agentrl.engines.collective import make_sender, update_info
 from agentrl.engines.http import post_json_blocking, split_url
+from agentrl.engines.interface import WeightSyncError
 from agentrl.engines.weight_sync import in_thread
-from agentrl.rollout.engine import WeightSyncError
 
 
 class ControlPlane(Protocol):

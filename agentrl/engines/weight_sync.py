@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from agentrl.rollout.engine import NamedTensors, WeightSyncError, named_pairs
+from agentrl.engines.interface import NamedTensors, WeightSyncError, named_pairs
 
 Bucket = list[tuple[str, torch.Tensor]]
 DEFAULT_BUCKET_BYTES = 256 * 2**20

@@ -1,1 +1,1 @@
-"""Training memory: what one GPU will hold (``plan``) and what autograd keeps (``measure``)."""
+"""Training memory: what one GPU will hold, term by term, before anything starts (``plan``)."""

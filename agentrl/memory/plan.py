@@ -38,7 +38,7 @@ RUNTIME_RESERVE_BYTES = 2 * GIB
 LOSS_BYTES_PER_TOKEN = 40
 """The loss's own saved per-token tensors (ratio, clipped terms, masks: ~10 fp32 values)."""
 VLLM_DEFAULT_UTILIZATION = 0.5
-"""vLLM's gpu_memory_utilization when rollout.vllm_args does not set it (run.build_engine)."""
+"""vLLM's gpu_memory_utilization when rollout.vllm_args does not set it (build_engine)."""
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 """Compute dtype sizes; the plan is for GPUs, where "auto" computes in bfloat16."""
 

@@ -37,7 +37,7 @@ class Timeouts(msgspec.Struct, frozen=True):
 
 def rank0_budget_s(config: Config) -> float:
     """Upper bound of rank 0's solo work between two collectives, in seconds."""
-    from agentrl.accounting import plan_batches
+    from agentrl.config.accounting import plan_batches
 
     rollout = config.rollout
     rounds = 1 + (rollout.max_extra_collections if rollout.filter_uniform_groups else 0)

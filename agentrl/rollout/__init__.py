@@ -1,1 +1,1 @@
-"""Generating rollouts: inference engines, the multi-turn runner, compaction, dynamic sampling."""
+"""Generating rollouts: the multi-turn runner, compaction, containment, health, collectors."""

@@ -188,7 +188,7 @@ class _RolloutSide:
                  first_step: int, num_training_gpus: int) -> None:
         from agentrl.engines.build import build_engines
         from agentrl.model import load_tokenizer, read_args
-        from agentrl.run import build_collector, build_runner, build_sampler
+        from agentrl.rollout.build import build_collector, build_runner, build_sampler
 
         self.config = config
         self.tokenizer = load_tokenizer(model_dir)
@@ -216,7 +216,7 @@ class _RolloutSide:
         raise ValueError(f"unknown call '{kind}' to the rollout collector process")
 
     def _evaluate(self, num_tasks: int) -> dict[str, float]:
-        from agentrl.evaluation import evaluate
+        from agentrl.rollout.evaluation import evaluate
 
         def make() -> Any:
             return evaluate(self.engine, self.tokenizer, self.config, num_tasks)

@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from agentrl.config import CompactionConfig
+from agentrl.engines.interface import InferenceEngine, SamplingParams
 from agentrl.rollout.context import ChatContext, Turn
-from agentrl.rollout.engine import InferenceEngine, SamplingParams
 from agentrl.rollout.segment_builder import SegmentBuilder
 from agentrl.staleness import generation_versions
 

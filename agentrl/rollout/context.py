@@ -18,15 +18,7 @@ from typing import Any
 
 import msgspec
 
-
-def as_dicts(messages: list[Any]) -> list[dict[str, Any]]:
-    """Messages (``Message`` structs or dicts) as the plain dicts chat templates expect."""
-    out = []
-    for message in messages:
-        if isinstance(message, msgspec.Struct):
-            message = {k: v for k, v in msgspec.structs.asdict(message).items() if v is not None}
-        out.append(dict(message))
-    return out
+from agentrl.types import as_dicts
 
 
 class Turn(msgspec.Struct):

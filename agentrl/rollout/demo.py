@@ -52,9 +52,9 @@ def collect_demo_batch(
 ) -> list[Rollout]:
     """Collect one small batch with the tiny model and drop_oldest compaction."""
     from agentrl.config import config_from_dict
+    from agentrl.engines.torch_engine import TorchEngine
     from agentrl.model import build_tiny_checkpoint, load_pretrained, load_tokenizer
     from agentrl.rollout.runner import RolloutRunner
-    from agentrl.rollout.torch_engine import TorchEngine
     from agentrl.sampler import EnvironmentSampler
 
     with tempfile.TemporaryDirectory() as tmp:

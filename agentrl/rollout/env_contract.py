@@ -7,7 +7,7 @@ the expected type::
 
     env 'logsearch': step() returned reward 'high' (str); expected a finite float
 
-The contract itself is documented in :mod:`agentrl.env`.
+The contract itself is documented in :mod:`agentrl.envs.agent_env`.
 """
 
 from __future__ import annotations

@@ -282,7 +282,7 @@ def _settle(future: asyncio.Future, outcome: tuple[bool, Any]) -> None:
 
 def _native_astep(env: Any) -> Callable | None:
     """The instance's ``astep`` when it overrides ``AgentEnv.astep`` (native async I/O)."""
-    from agentrl.env import AgentEnv
+    from agentrl.envs.agent_env import AgentEnv
 
     astep = getattr(env, "astep", None)
     if astep is None or getattr(astep, "__func__", None) is AgentEnv.astep:

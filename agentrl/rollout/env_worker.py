@@ -26,7 +26,7 @@ from typing import Any
 
 from agentrl.text import clip, exception_message
 
-PRELOAD = ["__main__", "agentrl.rollout.env_worker", "agentrl.registry",
+PRELOAD = ["__main__", "agentrl.rollout.env_worker", "agentrl.envs.registry",
            "agentrl.rollout.env_contract"]
 """Modules the forkserver imports once, so each worker starts in milliseconds. As with any
 forkserver or spawn process, the program's main module is imported (once, in the

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from agentrl.config import CompactionConfig, RolloutConfig
-from agentrl.rollout.engine import InferenceEngine
+from agentrl.engines.interface import InferenceEngine
 from agentrl.rollout.env_contract import EnvError
 from agentrl.rollout.env_guard import ISOLATIONS, GuardedEnv
 from agentrl.rollout.multi_turn import RolloutSpec, play_rollout
@@ -40,7 +40,7 @@ def isolation_of(env_id: str) -> str:
     not resolve: the constructor then fails, contained, where it runs)."""
     import gymnasium
 
-    from agentrl.registry import resolve
+    from agentrl.envs.registry import resolve
 
     try:
         target = resolve(env_id)

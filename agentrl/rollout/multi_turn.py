@@ -25,9 +25,9 @@ from typing import Any
 import msgspec
 
 from agentrl.config import CompactionConfig, RolloutConfig
+from agentrl.engines.interface import InferenceEngine, SamplingParams
 from agentrl.rollout.compaction import make_compactor
 from agentrl.rollout.context import ChatContext
-from agentrl.rollout.engine import InferenceEngine, SamplingParams
 from agentrl.rollout.env_contract import EnvError
 from agentrl.rollout.env_guard import GuardedEnv
 from agentrl.rollout.segment_builder import SegmentBuilder

@@ -34,8 +34,8 @@ from typing import Any
 import msgspec
 
 from agentrl.config import Config, EnvironmentConfig
-from agentrl.metrics import drop_reason
-from agentrl.rollout.engine import InferenceEngine
+from agentrl.engines.interface import InferenceEngine
+from agentrl.observe.metrics import drop_reason
 from agentrl.rollout.env_contract import EnvError
 from agentrl.rollout.episode import EnvSource, isolation_of, play_episode
 from agentrl.rollout.health import InvalidLog
@@ -77,7 +77,7 @@ class CollectionResult(msgspec.Struct):
 
 
 def _default_make_env(env_config: EnvironmentConfig) -> Any:
-    from agentrl.registry import make  # lazy: the registry imports every environment
+    from agentrl.envs.registry import make  # lazy: the registry imports every environment
 
     return make(env_config.id, **env_config.kwargs)
 

@@ -32,7 +32,7 @@ def curve_images(metrics: list[dict[str, Any]]) -> list[Curve]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from agentrl.panels import agent_panels, all_keys, draw, reward_panel, validation_panel
+    from agentrl.observe.panels import agent_panels, all_keys, draw, reward_panel, validation_panel
 
     keys = all_keys([metrics])
     panels = [reward_panel(keys), validation_panel(keys), *agent_panels(keys)]
@@ -94,7 +94,7 @@ def write_view(run_dir: str | Path, out: str | Path | None = None,
 
     ``last_steps`` > 0 keeps only the last that many sampled steps (a smaller page).
     """
-    from agentrl.metric_writers import read_metrics
+    from agentrl.observe.writers import read_metrics
     from agentrl.transcripts.store import read_records, sampled_steps
 
     run_dir = Path(run_dir)

@@ -10,8 +10,8 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from agentrl.engines.server import EngineServer, serve_forever
+from agentrl.engines.torch_engine import TorchEngine
 from agentrl.model import build_tiny_checkpoint, load_pretrained, load_tokenizer
-from agentrl.rollout.torch_engine import TorchEngine
 
 SHAPE = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, vocab_size=300)
 

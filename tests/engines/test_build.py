@@ -9,8 +9,8 @@ import torch
 from agentrl.config import ConfigError, config_from_dict
 from agentrl.engines.build import engine_memory, physical_gpus, replica_gpus
 from agentrl.parallel.fsdp import iter_full_parameters
-from agentrl.run import build_run
-from agentrl.trainer import train
+from agentrl.train.run import build_run
+from agentrl.train.trainer import train
 
 ENV = [{"id": "tests.train.test_train_e2e:ShortAnswerEnv"}]
 

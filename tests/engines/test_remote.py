@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from agentrl.engines.http import HTTPError, ReplicaUnavailableError, request_json
+from agentrl.engines.interface import SamplingParams, WeightSyncError
 from agentrl.engines.remote import RemoteEngine
 from agentrl.engines.router import EngineRouter
 from agentrl.engines.server import EngineServer
 from agentrl.model import load_pretrained, load_tokenizer
-from agentrl.rollout.engine import SamplingParams, WeightSyncError
 from tests.engines.servers import engine_on
 
 PROMPTS = [[5, 17, 200, 33], [40, 2, 9], [120, 121, 122, 123, 124, 125, 7], [99]]

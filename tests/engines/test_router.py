@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from agentrl.engines.http import ReplicaUnavailableError
+from agentrl.engines.interface import Generation, SamplingParams, WeightSyncError
 from agentrl.engines.router import EngineRouter, NoReplicaError
 from agentrl.engines.weight_sync import buckets
-from agentrl.rollout.engine import Generation, SamplingParams, WeightSyncError
 
 
 class FakeReplica:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from agentrl.cli import main
-from agentrl.env import AgentEnv, Task
-from agentrl.registry import make
-from agentrl.tools import format_call, tool
+from agentrl.envs.agent_env import AgentEnv, Task
+from agentrl.envs.registry import make
+from agentrl.envs.tools import format_call, tool
 from agentrl.types import Message
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def test_check_env_cli_says_how_to_fix_a_missing_super_init(capsys):
 
 
 def test_format_call_is_what_the_parser_reads():
-    from agentrl.tools import HermesParser, ToolCall
+    from agentrl.envs.tools import HermesParser, ToolCall
 
     text = format_call("grep", pattern="ERROR", name="x")  # an argument may be called name
     assert HermesParser().parse(text) == [ToolCall("grep", {"pattern": "ERROR", "name": "x"})]
@@ -95,7 +95,7 @@ def test_gymnasium_makes_the_builtins_in_a_clean_interpreter():
     """)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:3] == [
-        "CountdownEnv", "CalculatorEnv", "['agentrl.registry:register_builtins']"]
+        "CountdownEnv", "CalculatorEnv", "['agentrl.envs.registry:register_builtins']"]
 
 
 def test_an_installed_package_registers_ids_by_entry_point_alone(tmp_path):
@@ -113,7 +113,7 @@ def test_an_installed_package_registers_ids_by_entry_point_alone(tmp_path):
             warnings.simplefilter("always")
             import agentrl
         import gymnasium
-        from agentrl.registry import make
+        from agentrl.envs.registry import make
         print(type(gymnasium.make("myproject/Reverse-v0").unwrapped).__name__)
         env = make("myproject/Reverse-v0", max_turns=2)
         print(env.max_turns, [str(w.message)[:40] for w in caught])

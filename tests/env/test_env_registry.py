@@ -10,8 +10,8 @@ from gymnasium.utils.env_checker import check_env
 
 from agentrl.cli import main
 from agentrl.config import load_config
-from agentrl.env import AgentEnv
-from agentrl.registry import BUILTINS, make, registered_ids
+from agentrl.envs.agent_env import AgentEnv
+from agentrl.envs.registry import BUILTINS, make, registered_ids
 
 EXAMPLE = "examples.custom_env.reverse_word:ReverseWordEnv"
 SMALL = {"agentrl/KVStore-v0": {"chain_length": 3, "padding_words": 4},

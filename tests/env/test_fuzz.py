@@ -4,7 +4,7 @@ For each built-in, one ``step`` per text (after ``reset``) must return in time w
 result that passes the runner's own contract check (a 5-tuple, a finite float reward, a
 list of Messages whose content encodes as UTF-8 and is bounded, a dict info): no
 exception escapes, no step is slow, nothing would invalidate a rollout. The texts are
-the adversarial corpus (``agentrl.adversarial``: the shapes of issue #13) and hypothesis
+the adversarial corpus (``agentrl.envs.adversarial``: the shapes of issue #13) and hypothesis
 compositions of tags, tool-call shapes, huge numbers, unicode spaces, lone surrogates and
 repetitions up to about 130,000 characters. Python-v0 is stepped only with calls to a tool
 it does not have, so the fuzz never starts its sandbox (its own tests cover that).
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentrl.adversarial import cases, tool_call
 from agentrl.config import RolloutConfig
-from agentrl.registry import BUILTINS, make
+from agentrl.envs.adversarial import cases, tool_call
+from agentrl.envs.registry import BUILTINS, make
 from agentrl.rollout.env_contract import check_step
 
 STEP_DEADLINE_S = 2.0

@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from agentrl.registry import make
+from agentrl.envs.registry import make
 from environments._verify import extract_number
 from environments.countdown import check_expression, extract_expression
 from environments.gsm8k import SAMPLE_PATH, gold_answer, load_records

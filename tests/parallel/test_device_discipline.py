@@ -12,7 +12,7 @@ import torch
 
 from agentrl.model.attention import choose_backend
 from agentrl.parallel.fsdp import compute_dtype
-from agentrl.trainer import mismatch_sums
+from agentrl.train.trainer import mismatch_sums
 from tests.test_update import make_rows, micro_batches_for
 
 CUDA = torch.device("cuda", 0)

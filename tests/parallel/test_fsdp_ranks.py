@@ -21,8 +21,8 @@ from agentrl.parallel.fsdp import (
     optimizer_tensors,
     shard_model,
 )
-from agentrl.schedule import build_optimizer
-from agentrl.update import forward_backward
+from agentrl.train.optimizer import build_optimizer
+from agentrl.train.update import forward_backward
 from tests.parallel.ranks import spawn_ranks
 from tests.test_update import CFG, COST, make_model, make_rows, micro_batches_for
 

@@ -14,8 +14,8 @@ import torch
 from agentrl.config import OptimConfig
 from agentrl.parallel import groups
 from agentrl.parallel.fsdp import clip_grad_norm, full_state_dict, is_sharded, shard_model
-from agentrl.schedule import build_optimizer
-from agentrl.update import forward_backward
+from agentrl.train.optimizer import build_optimizer
+from agentrl.train.update import forward_backward
 from tests.test_update import CFG, make_model, make_rows, micro_batches_for
 
 LR = 3e-6

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.rollout.engine import Generation, SamplingParams
+from agentrl.engines.interface import Generation, SamplingParams
 from agentrl.types import Message
 
 # ----------------------------------------------------------------------------- engines

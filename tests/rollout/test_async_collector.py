@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
+from agentrl.engines.interface import SamplingParams
+from agentrl.engines.torch_engine import TorchEngine
 from agentrl.rollout.async_collector import AsyncCollector
-from agentrl.rollout.engine import SamplingParams
 from agentrl.rollout.runner import CollectionResult
-from agentrl.rollout.torch_engine import TorchEngine
 from agentrl.types import Group, Rollout, Segment
 
 

@@ -14,8 +14,8 @@ import torch
 from agentrl.config import ConfigError, config_from_dict
 from agentrl.model import build_tiny_checkpoint
 from agentrl.rollout.collector_process import ProcessCollector
-from agentrl.run import build_run
-from agentrl.trainer import train
+from agentrl.train.run import build_run
+from agentrl.train.trainer import train
 from tests.train.test_train_e2e import CONFIG
 
 

@@ -129,7 +129,7 @@ def test_a_worker_stuck_in_c_code_dies_with_the_trainer(tmp_path):
 
 TRAINER_SCRIPT = """
 import asyncio, functools, os
-from agentrl.registry import make
+from agentrl.envs.registry import make
 from agentrl.rollout.env_guard import GuardedEnv
 
 async def main():

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from agentrl.config import config_from_dict
-from agentrl.metrics import drop_reason
+from agentrl.observe.metrics import drop_reason
 from agentrl.rollout.runner import RolloutRunner
 from agentrl.sampler import EnvironmentSampler
 from agentrl.types import Group, Rollout
@@ -138,7 +138,7 @@ def test_environment_shares_follow_weights(tokenizer):
 
 
 def test_registered_environment_with_the_torch_engine(tiny_model, tokenizer):
-    from agentrl.rollout.torch_engine import TorchEngine
+    from agentrl.engines.torch_engine import TorchEngine
 
     config = config_from_dict({
         "environments": [{"id": "agentrl/Countdown-v0", "name": "countdown"}],

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 import torch
 
+from agentrl.engines.interface import InferenceEngine, SamplingParams, WeightSyncError
+from agentrl.engines.sampling import scaled_logprobs, top_p_mask
+from agentrl.engines.torch_engine import TorchEngine
 from agentrl.model import load_pretrained
-from agentrl.rollout.engine import InferenceEngine, SamplingParams, WeightSyncError
-from agentrl.rollout.sampling import scaled_logprobs, top_p_mask
-from agentrl.rollout.torch_engine import TorchEngine
 
 PROMPTS = [[5, 9, 40, 41], [7], [100, 101, 102, 103, 104, 105, 106, 300, 301], [3, 3]]
 
@@ -154,8 +154,8 @@ def test_trainer_scoring_pass_reproduces_engine_logprobs(tiny_model, temperature
     # temperature) must see the same log-probs as the engine that sampled: the PPO ratio
     # starts at exactly 1. Without dividing by the temperature this fails for T != 1.
     from agentrl.packing import collate
+    from agentrl.train.update import score
     from agentrl.types import Row
-    from agentrl.update import score
 
     engine = TorchEngine(tiny_model, max_batch_size=4, max_len=64)
     params = SamplingParams(temperature=temperature, max_tokens=12, seed=5)

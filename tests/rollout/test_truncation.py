@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from agentrl.config import CompactionConfig, RolloutConfig
-from agentrl.metrics import rollout_figures
+from agentrl.observe.metrics import rollout_figures
 from agentrl.rollout.multi_turn import RolloutSpec, play_rollout
 from environments.kvstore import KVStoreEnv
 from tests.factories import rollout

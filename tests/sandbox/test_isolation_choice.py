@@ -9,7 +9,7 @@ import pytest
 
 import agentrl.sandbox.launch as launch
 from agentrl.config import ConfigError, load_config
-from agentrl.evaluation import make_env
+from agentrl.rollout.evaluation import make_env
 from agentrl.sandbox import SandboxUnavailableError, run_python
 from tests.sandbox.host import REPO
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.rollout.engine import Generation, InferenceEngine, SamplingParams
-from agentrl.rollout.torch_engine import TorchEngine
-from agentrl.rollout.vllm_engine import VLLMEngine, WeightSyncError
+from agentrl.engines.interface import Generation, InferenceEngine, SamplingParams
+from agentrl.engines.torch_engine import TorchEngine
+from agentrl.engines.vllm_engine import VLLMEngine, WeightSyncError
 
 pytestmark = pytest.mark.vllm
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from agentrl.config import config_from_dict
-from agentrl.metric_writers import read_metrics
+from agentrl.engines.interface import SamplingParams
+from agentrl.engines.torch_engine import TorchEngine
+from agentrl.engines.vllm_engine import vllm_available
 from agentrl.model import load_pretrained
+from agentrl.observe.writers import read_metrics
 from agentrl.parallel.fsdp import full_state_dict
-from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.torch_engine import TorchEngine
-from agentrl.rollout.vllm_engine import vllm_available
-from agentrl.run import build_run
-from agentrl.trainer import train
+from agentrl.train.run import build_run
+from agentrl.train.trainer import train
 
 pytestmark = pytest.mark.vllm
 

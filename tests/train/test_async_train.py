@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.checkpoint import latest_checkpoint, read_state
 from agentrl.cli import main
 from agentrl.model import build_tiny_checkpoint, load_pretrained
+from agentrl.train.checkpoint import latest_checkpoint, read_state
 from tests.train.test_train_e2e import CONFIG
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

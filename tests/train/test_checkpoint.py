@@ -7,7 +7,9 @@ import random
 import pytest
 import torch
 
-from agentrl.checkpoint import (
+from agentrl.config import OptimConfig
+from agentrl.model import build_tiny_checkpoint, load_pretrained
+from agentrl.train.checkpoint import (
     TrainerState,
     latest_checkpoint,
     load_training_state,
@@ -15,9 +17,7 @@ from agentrl.checkpoint import (
     save_checkpoint,
     step_dir,
 )
-from agentrl.config import OptimConfig
-from agentrl.model import build_tiny_checkpoint, load_pretrained
-from agentrl.schedule import build_optimizer, build_scheduler
+from agentrl.train.optimizer import build_optimizer, build_scheduler
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_failed_write_leaves_no_partial_checkpoint(tiny_dir, tmp_path) -> None:
 
 
 def test_stale_temp_folders_are_removed_and_checkpoints_kept(tiny_dir, tmp_path) -> None:
-    from agentrl.checkpoint import remove_stale_temp_folders
+    from agentrl.train.checkpoint import remove_stale_temp_folders
 
     model, optimizer, scheduler = _trained(tiny_dir)
     save_checkpoint(tmp_path, TrainerState(step=2), model, optimizer, scheduler)

@@ -13,12 +13,9 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.config import ConfigError, config_from_dict
-from agentrl.demonstrations import (
-    demonstration_policies,
-    load_trajectories,
-    play_demonstrations,
-)
-from agentrl.env import AgentEnv, Grade, Task
+from agentrl.envs.agent_env import AgentEnv, Grade, Task
+from agentrl.envs.demonstrations import demonstration_policies, load_trajectories
+from agentrl.rollout.demonstrations import play_demonstrations
 from agentrl.types import Message
 
 LOGSEARCH = "examples/logsearch/logsearch.py:LogSearchEnv"
@@ -123,7 +120,7 @@ def test_summarizing_compaction_is_refused_since_a_script_writes_no_summary(toke
 
 def test_a_jsonl_of_trajectories_demonstrates_an_environment_without_a_policy(
         tmp_path, tokenizer):
-    from agentrl.registry import make
+    from agentrl.envs.registry import make
 
     env, seeds = make(SECRET), {}
     for seed in range(40):  # a seed per word, as a user recording episodes would have

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 
 from agentrl.cli import main
-from agentrl.metric_writers import read_metrics
+from agentrl.observe.writers import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 MIX = ROOT / "examples" / "custom_env" / "quickstart_mix.toml"

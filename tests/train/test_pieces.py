@@ -8,13 +8,14 @@ import random
 import numpy as np
 import torch
 
-from agentrl.checkpoint import TrainerState, capture_rng, list_checkpoints, restore_rng
 from agentrl.commands.report import describe_run, plot_runs, smoothed, target_bracket
 from agentrl.config import OptimConfig
-from agentrl.metric_writers import JsonlWriter, read_metrics
-from agentrl.schedule import build_optimizer, build_scheduler, lr_factor
-from agentrl.trainer import scored_mismatch
-from agentrl.update import UpdateStats
+from agentrl.config.schedule import lr_factor
+from agentrl.observe.writers import JsonlWriter, read_metrics
+from agentrl.train.checkpoint import TrainerState, capture_rng, list_checkpoints, restore_rng
+from agentrl.train.optimizer import build_optimizer, build_scheduler
+from agentrl.train.trainer import scored_mismatch
+from agentrl.train.update import UpdateStats
 
 
 def test_warmup_is_linear_then_constant() -> None:

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from agentrl.cli import main
-from agentrl.env import AgentEnv, Grade, Task
+from agentrl.envs.agent_env import AgentEnv, Grade, Task
 from agentrl.model import build_tiny_checkpoint, load_pretrained
 from agentrl.rollout.health import InvalidRateMonitor, RunStopped, invalid_figures
+from agentrl.train.update import UpdateStats, step_if_finite
 from agentrl.types import Message
-from agentrl.update import UpdateStats, step_if_finite
 
 CONFIG = """
 [model]
@@ -132,9 +132,9 @@ def test_every_rank_stops_together(tmp_path, model_dir, capfd):
 
 
 def test_a_non_finite_update_is_skipped_named_and_counted(tmp_path, model_dir, monkeypatch):
-    import agentrl.trainer
+    import agentrl.train.trainer
 
-    monkeypatch.setattr(agentrl.trainer, "clip_grad_norm", lambda model, max_norm: math.nan)
+    monkeypatch.setattr(agentrl.train.trainer, "clip_grad_norm", lambda model, max_norm: math.nan)
     with pytest.warns(UserWarning, match=r"step 1, update 1 of 1: non-finite update .*"
                                          r"gradient norm nan"):
         status, out = run_training(tmp_path, model_dir, "ShortEnv", steps=1)

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from agentrl.config import config_from_dict
-from agentrl.demonstrations import play_demonstrations
 from agentrl.model import build_tiny_checkpoint, load_pretrained, load_tokenizer
 from agentrl.reassembler import to_rows
-from agentrl.sft import sft_lr, sft_step
+from agentrl.rollout.demonstrations import play_demonstrations
+from agentrl.train.sft import sft_lr, sft_step
 from environments._verify import parse_arithmetic
 from environments.calculator import calculator_expression
 from environments.countdown import countdown_solution

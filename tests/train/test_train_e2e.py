@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agentrl.cli import main
-from agentrl.env import AgentEnv, Grade, Task
+from agentrl.envs.agent_env import AgentEnv, Grade, Task
 from agentrl.model import build_tiny_checkpoint, load_pretrained
 from agentrl.model.checkpoint import load_pretrained as load_again  # same loader, by name
 from agentrl.types import Message
@@ -193,7 +193,7 @@ def test_default_resume_loses_no_rollout_and_trains_none_twice(tmp_path, model_d
 
 def test_the_resumed_run_starts_from_the_checkpoint_weights(tmp_path, model_dir) -> None:
     from agentrl.config import load_config
-    from agentrl.run import build_run
+    from agentrl.train.run import build_run
 
     out = _train(tmp_path, model_dir, "base", steps=2)
     resumed = build_run(load_config(tmp_path / "base.toml"), out, resume=True)
@@ -260,7 +260,7 @@ def test_kl_to_the_initial_model_enters_the_loss(tmp_path, model_dir) -> None:
     # on resume the reference is still the initial model, not the checkpoint
     from agentrl.config import load_config
     from agentrl.parallel.fsdp import full_state_dict
-    from agentrl.run import build_run
+    from agentrl.train.run import build_run
 
     config = load_config(tmp_path / "kl.toml", ["loss.kl_coef=0.5"])
     resumed = build_run(config, kl_run, resume=True)

@@ -8,8 +8,8 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.commands.report import build_figure
-from agentrl.metric_writers import read_metrics
-from agentrl.panels import agent_panels, all_keys
+from agentrl.observe.panels import agent_panels, all_keys
+from agentrl.observe.writers import read_metrics
 
 AGENT_TITLES = ["compactions per rollout", "rows per rollout", "turns per rollout",
                 "truncated share of rollouts", "invalid share of rollouts",

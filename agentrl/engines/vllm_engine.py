@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import torch
 
-from agentrl.rollout.engine import (
+from agentrl.engines.interface import (
     Generation,
     NamedTensors,
     SamplingParams,

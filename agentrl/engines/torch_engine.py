@@ -10,7 +10,7 @@ request; one background task (started on demand, ending when idle) repeatedly
 
 Every request samples with its own ``torch.Generator`` (seeded by ``SamplingParams.seed``
 or the engine's counter), so what a request draws does not depend on which other requests
-shared its batch. Log-probs follow ``agentrl.rollout.sampling``: log_softmax(logits / T)
+shared its batch. Log-probs follow ``agentrl.engines.sampling``: log_softmax(logits / T)
 of the sampled token, the distribution the trainer recomputes at the same temperature.
 
 The forward runs on the event loop's thread: while a step computes, no environment code
@@ -42,14 +42,14 @@ from typing import Any
 
 import torch
 
-from agentrl.rollout.engine import (
+from agentrl.engines.interface import (
     Generation,
     NamedTensors,
     SamplingParams,
     WeightSyncError,
     next_version,
 )
-from agentrl.rollout.sampling import sample_token
+from agentrl.engines.sampling import sample_token
 
 
 @dataclass

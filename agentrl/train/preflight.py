@@ -104,8 +104,8 @@ class Preflight:
         return str(self.model.folder) if self.model.folder else "the tiny built-in model's"
 
     def prompt_budget(self, index: int) -> Any:
-        """Environment ``index``'s first prompt by part (``agentrl.context_budget``)."""
-        from agentrl.context_budget import measure_first_prompt
+        """Environment ``index``'s first prompt by part (``agentrl.envs.context_budget``)."""
+        from agentrl.envs.context_budget import measure_first_prompt
 
         env = self.config.environments[index]
         # the environment and the model folder raise ConfigErrors of their own
@@ -205,7 +205,7 @@ def check_micro_batch_budget(pf: Preflight) -> str:
 def check_context_budget(pf: Preflight) -> str:
     """Each environment's first prompt fits ``compaction.max_context_tokens`` (printed by
     part: system, tool schemas, first observation)."""
-    from agentrl.context_budget import describe_budgets, refuse_over_budget
+    from agentrl.envs.context_budget import describe_budgets, refuse_over_budget
 
     budgets = [pf.prompt_budget(i) for i in range(len(pf.config.environments))]
     table = describe_budgets(budgets, pf.config, pf.tokenizer_name)
@@ -246,7 +246,7 @@ def run_checks(config: Config, checks: Sequence[Check] = CHECKS) -> list[str]:
 
 def build_environment(env: EnvironmentConfig, index: int) -> Any:
     """Build one configured environment; a ConfigError names what is wrong and the fix."""
-    from agentrl.registry import make, resolve
+    from agentrl.envs.registry import make, resolve
 
     where = f"environments[{index}]"
     try:

@@ -2,7 +2,7 @@
 
 A tiny model from random weights never produces a well-formed tool call, so RL has no
 signal. The fix is a short supervised phase on correct demonstrations of every
-environment of the config (:mod:`agentrl.demonstrations`: each environment's scripted
+environment of the config (:mod:`agentrl.envs.demonstrations`: each environment's scripted
 ``demonstrate`` policy or a JSONL of trajectories), played through the ordinary rollout
 runner so every row has exactly the token layout RL will see; the loss is the RL loss's
 token-level normalization applied to cross-entropy on the generated tokens.
@@ -21,14 +21,10 @@ import msgspec
 import torch
 
 from agentrl.config import Config
-from agentrl.demonstrations import (
-    Policy,
-    Trajectory,
-    demonstration_policies,
-    play_demonstrations,
-)
+from agentrl.envs.demonstrations import Policy, Trajectory, demonstration_policies
 from agentrl.packing import collate, pack
 from agentrl.reassembler import to_rows
+from agentrl.rollout.demonstrations import play_demonstrations
 from agentrl.types import Row
 
 # --------------------------------------------------------------------------- training
@@ -133,13 +129,13 @@ def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str |
     """Load ``base`` (or build a new tiny model), train it on demonstrations of every
     environment of the config (``trajectories``: from JSONL files, by environment name),
     save an HF folder to ``out``. Refuses first when an environment has no demonstrations."""
-    from agentrl.checkpoint import copy_tokenizer_files
     from agentrl.model import (
         build_tiny_checkpoint,
         load_pretrained,
         load_tokenizer,
         save_pretrained,
     )
+    from agentrl.train.checkpoint import copy_tokenizer_files
 
     sft_lr(0, ws.num_steps, ws.lr, ws.warmup_steps, ws.lr_schedule)  # fail before any work
     policies = demonstration_policies(config, trajectories)

@@ -1,6 +1,6 @@
 """Setting up a training run: process group, sharded model, engine, runner, optimizer.
 
-:func:`build_run` is the one place a run is assembled; ``agentrl.trainer`` only runs it.
+:func:`build_run` is the one place a run is assembled; ``agentrl.train.trainer`` only runs it.
 Every process is a rank of a process group (a group of one without torchrun). The policy
 is sharded with FSDP2 over all ranks: fp32 master weights and AdamW state, compute in
 ``model.dtype``. Rank 0 alone also holds the inference engine (with its own copy of the
@@ -24,17 +24,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from agentrl.accounting import BatchPlan, plan_batches
-from agentrl.checkpoint import TrainerState, latest_checkpoint, load_training_state
 from agentrl.config import Config
+from agentrl.config.accounting import BatchPlan, plan_batches
+from agentrl.config.schedule import effective_lr
 from agentrl.memory.plan import resolve_activation_checkpointing
-from agentrl.metric_writers import JsonlWriter, MultiWriter, build_writers
+from agentrl.observe.writers import JsonlWriter, MultiWriter, build_writers
 from agentrl.packing import CostModel
 from agentrl.parallel import groups
 from agentrl.parallel.fsdp import compute_dtype, iter_full_parameters, load_sharded
 from agentrl.parallel.timeouts import Timeouts, timeouts
+from agentrl.rollout.build import build_collector, build_engine, build_runner, build_sampler
 from agentrl.sampler import EnvironmentSampler
-from agentrl.schedule import build_optimizer, build_scheduler, effective_lr
+from agentrl.train.checkpoint import TrainerState, latest_checkpoint, load_training_state
+from agentrl.train.optimizer import build_optimizer, build_scheduler
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TRAINED_ROLLOUTS_FILE = "trained_rollouts.jsonl"
@@ -129,8 +131,8 @@ class Run:
     def evaluate_policy(self, num_tasks: int) -> dict[str, float]:
         """Rank 0: accuracy per environment on ``num_tasks`` held-out tasks, by the engine
         wherever it runs (in the collector's process when it has one)."""
-        from agentrl.evaluation import evaluate
         from agentrl.rollout.collector_process import ProcessCollector
+        from agentrl.rollout.evaluation import evaluate
 
         if isinstance(self.collector, ProcessCollector):
             return self.collector.evaluate(num_tasks)
@@ -362,7 +364,7 @@ def resolve_model_dir(config: Config, run_dir: Path) -> Path:
     """The model folder: ``model.path`` (see ``preflight.locate_model_dir``), or a tiny built-in
     checkpoint built once into ``RUN_DIR/base_model``."""
     if config.model.path:
-        from agentrl.preflight import locate_model_dir
+        from agentrl.train.preflight import locate_model_dir
 
         return locate_model_dir(config.model.path)
     from agentrl.model import build_tiny_checkpoint
@@ -371,40 +373,6 @@ def resolve_model_dir(config: Config, run_dir: Path) -> Path:
     if not (tiny / "config.json").exists():
         build_tiny_checkpoint(tiny, seed=config.train.seed)
     return tiny
-
-
-def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path | str,
-                 num_training_gpus: int = 1) -> Any:
-    """The inference side: a router over the configured replicas (``agentrl.engines``),
-    each loading ``model_dir`` itself (it never shares the trainer's parameters)."""
-    from agentrl.engines.build import build_engines
-
-    return build_engines(config, model_dir, tokenizer, model.config.max_position_embeddings,
-                         num_training_gpus=num_training_gpus)
-
-
-def build_collector(config: Config, runner: Any, sampler: EnvironmentSampler,
-                    first_step: int) -> Any:
-    """The asynchronous collector producing steps ``first_step ..`` (max_staleness >= 1)."""
-    from agentrl.rollout.async_collector import AsyncCollector
-
-    return AsyncCollector(runner, sampler, plan_batches(config).num_rollouts,
-                          config.rollout.max_staleness, first_step, config.train.num_steps,
-                          inflight_updates=config.rollout.inflight_updates)
-
-
-def build_sampler(config: Config) -> EnvironmentSampler:
-    """The environment sampler of a fresh run: the config's weights, its seed."""
-    return EnvironmentSampler(
-        {env.display_name(): env.weight for env in config.environments}, config.train.seed)
-
-
-def build_runner(config: Config, engine: Any, tokenizer: Any,
-                 sampler: EnvironmentSampler) -> Any:
-    """The rollout runner over the configured environments."""
-    from agentrl.rollout.runner import RolloutRunner
-
-    return RolloutRunner(config, engine, tokenizer, sampler)
 
 
 def build_rollout_log(config: Config, run_dir: Path, tokenizer: Any,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
-from agentrl.config import Config, ConfigError
+from agentrl.config.ranges import ConfigError
+from agentrl.config.settings import Config
 
 
 class EnvShare(msgspec.Struct):

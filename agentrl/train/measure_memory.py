@@ -210,7 +210,7 @@ def measure_cuda_peak(config: Config, model: nn.Module | None = None,
     from agentrl.model import load_pretrained
     from agentrl.model.shapes import model_shape
     from agentrl.parallel.fsdp import compute_dtype
-    from agentrl.update import forward_backward
+    from agentrl.train.update import forward_backward
 
     args = model_shape(config.model.path)
     dtype = compute_dtype(config.model.dtype, torch.device("cuda"))  # "auto" too

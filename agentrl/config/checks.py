@@ -1,30 +1,30 @@
 """Load-time checks of a whole config: what one field's range cannot say (combinations of
 settings, the loss mode, environment names, engine URLs) and the batch arithmetic.
 
-``agentrl.config.config_from_dict`` runs :func:`validate` on every config it builds;
+``agentrl.config.load.config_from_dict`` runs :func:`validate` on every config it builds;
 what needs the environments or the model folder is checked later, by
-``agentrl.preflight`` (run by `agentrl plan` and `agentrl train`).
+``agentrl.train.preflight`` (run by `agentrl plan` and `agentrl train`).
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from agentrl.config import (
+from agentrl.config.ranges import ConfigError, check_ranges
+from agentrl.config.settings import (
     SEQUENCE_LEVEL_AGGREGATIONS,
     Config,
     LossConfig,
     RolloutConfig,
     num_local_engines,
 )
-from agentrl.ranges import ConfigError, check_ranges
 
 
 def validate(config: Config) -> None:
     """Refuse a configuration that cannot run, before anything is launched.
 
     Checks what the config alone decides; what needs the environments or the model
-    folder is checked by ``agentrl.preflight`` (run by `agentrl plan` and `train`).
+    folder is checked by ``agentrl.train.preflight`` (run by `agentrl plan` and `train`).
     """
     check_ranges(msgspec.to_builtins(config), Config)  # also for Configs built in Python
     check_loss(config.loss)
@@ -32,10 +32,10 @@ def validate(config: Config) -> None:
     check_deterministic(config)
     check_engines(config.rollout)
     check_off_policy(config)
-    from agentrl.schedule import check_lr_scaling
+    from agentrl.config.schedule import check_lr_scaling
 
     check_lr_scaling(config)
-    from agentrl.accounting import plan_batches
+    from agentrl.config.accounting import plan_batches
 
     plan_batches(config)  # raises ConfigError when the batch knobs do not divide
 

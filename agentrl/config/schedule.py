@@ -1,5 +1,8 @@
 """Learning-rate schedule: linear warm-up over optimizer updates, then constant.
 
+The arithmetic and its load-time check; ``agentrl.train.optimizer`` builds the torch
+optimizer and scheduler from it.
+
 Counted in optimizer *updates* (not steps): a step with ``num_steps_per_rollout`` updates
 advances the schedule that many times, so the warm-up length does not depend on how a
 collection is split into updates.
@@ -10,12 +13,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-import torch
-
-from agentrl.config import ConfigError, OptimConfig
+from agentrl.config.ranges import ConfigError
 
 if TYPE_CHECKING:
-    from agentrl.config import Config
+    from agentrl.config.settings import Config
 
 MAX_LR_SCALING_RATIO = 16.0
 """lr_scaling = "sqrt" is refused when global_batch_size and lr_reference_batch differ by
@@ -84,22 +85,3 @@ def describe_lr(config: Config) -> str:
     return (f"learning rate: {lr:.4g} (peak) = {config.optim.lr:g} × sqrt("
             f"{config.batch.global_batch_size} / {config.optim.lr_reference_batch}) "
             "rollouts per update (square-root scaling)")
-
-
-def build_optimizer(model: torch.nn.Module, optim: OptimConfig,
-                    lr: float | None = None) -> torch.optim.AdamW:
-    """AdamW over the model's trainable parameters with the peak lr: ``lr`` when given
-    (``effective_lr``), else ``optim.lr``."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(
-        params, lr=optim.lr if lr is None else lr, betas=tuple(optim.betas),
-        weight_decay=optim.weight_decay
-    )
-
-
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, optim: OptimConfig
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR applying :func:`lr_factor`; call ``.step()`` after every optimizer update."""
-    warmup = optim.warmup_steps
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: lr_factor(update, warmup))

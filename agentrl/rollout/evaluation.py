@@ -87,7 +87,7 @@ async def eval_rollouts(
 
 def make_env(env_config: EnvironmentConfig) -> Any:
     """An environment instance from its config entry."""
-    from agentrl.registry import make
+    from agentrl.envs.registry import make
 
     return make(env_config.id, **env_config.kwargs)
 

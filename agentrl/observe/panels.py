@@ -5,7 +5,7 @@ one per environment (dashed). Only panels with something logged are built, so a 
 without validation, tool errors or truncation shows no empty axes; every axis that has
 lines gets a legend.
 
-The agent-side panels read what :func:`agentrl.metrics.rollout_figures` logs
+The agent-side panels read what :func:`agentrl.observe.metrics.rollout_figures` logs
 (``num_compactions/mean``, ``rows_per_rollout/mean``, ``num_turns/mean``,
 ``truncation_rate``, ``tool_errors/<kind>``, ``invalid_rate``) and the reason counts other
 modules log under ``truncated/<reason>`` and ``invalid/<kind>``, overall and as

@@ -14,7 +14,7 @@ One *step* = one collection and its ``num_steps_per_rollout`` optimizer updates:
       → weight sync to the engine (version = steps trained) → metrics (with staleness),
         validation (rank 0), checkpoint
 
-Setup lives in :mod:`agentrl.run` (``build_run``); this module only runs.
+Setup lives in :mod:`agentrl.train.run` (``build_run``); this module only runs.
 """
 
 from __future__ import annotations
@@ -31,9 +31,8 @@ import numpy as np
 import torch
 
 from agentrl.advantage import compute_advantages
-from agentrl.checkpoint import TrainerState, save_checkpoint
 from agentrl.loss import scores_proximal_policy
-from agentrl.metrics import (
+from agentrl.observe.metrics import (
     collection_figures,
     loss_figures,
     rollout_figures,
@@ -44,16 +43,17 @@ from agentrl.parallel import groups
 from agentrl.parallel.fsdp import clip_grad_norm
 from agentrl.reassembler import to_rows
 from agentrl.rollout.health import InvalidRateMonitor, invalid_figures
-from agentrl.run import Run
 from agentrl.staleness import asynchronous_figures, staleness_figures
-from agentrl.types import Rollout, Row
-from agentrl.update import (
+from agentrl.train.checkpoint import TrainerState, save_checkpoint
+from agentrl.train.run import Run
+from agentrl.train.update import (
     UpdateStats,
     forward_backward,
     score,
     step_if_finite,
     with_logprobs,
 )
+from agentrl.types import Rollout, Row
 
 PHASES = ("generate", "train", "sync", "other")
 

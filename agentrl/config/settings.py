@@ -1,33 +1,29 @@
-"""Run configuration: nested msgspec Structs, TOML loading, ``--set`` overrides, validation.
+"""Run configuration: the nested msgspec Structs, one per section, every field documented.
+
+Loading (TOML, ``--set``) is ``agentrl.config.load``; the load-time checks are
+``agentrl.config.checks``.
 
 Every field says its unit and its range. Counts of the batch are in *rollouts*
 (responses) or *groups*, never rows: a rollout that was compacted into several rows
-still counts once. Ranges are part of the field types (``agentrl.ranges``: e.g.
+still counts once. Ranges are part of the field types (``agentrl.config.ranges``: e.g.
 ``Probability`` is (0, 1]); every float must also be finite. A value outside its range
 is refused at load time in one line naming the setting, the value, the range and the fix.
 """
 
 from __future__ import annotations
 
-import difflib
-import tomllib
-import types
-import typing
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
-from agentrl.ranges import (
-    ConfigError,
+from agentrl.config.ranges import (
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     Probability,
     UnitInterval,
-    check_ranges,
     fix,
 )
 
@@ -132,7 +128,7 @@ class OptimConfig(_Section):
     """Global gradient-norm clip (L2 norm); >= 0, 0 disables it."""
     lr_scaling: Literal["none", "sqrt"] = "none"
     """"sqrt": the peak lr becomes lr × sqrt(global_batch_size / lr_reference_batch), the
-    square-root rule for Adam (see ``agentrl.schedule.effective_lr`` for where it holds)."""
+    square-root rule for Adam (see ``agentrl.config.schedule.effective_lr`` for where it holds)."""
     lr_reference_batch: PositiveInt | None = None
     """lr_scaling = "sqrt": the global_batch_size (rollouts per update) at which ``lr``
     was tuned; >= 1."""
@@ -344,123 +340,6 @@ class Config(_Section):
     def group_size(self, env: EnvironmentConfig) -> int:
         """Rollouts per group for one environment."""
         return env.group_size if env.group_size is not None else self.batch.n_samples_per_prompt
-
-
-# --------------------------------------------------------------------------- loading
-
-
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a TOML file, apply ``section.key=value`` overrides, decode and validate."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    for override in overrides:
-        apply_override(raw, override)
-    resolve_env_files(raw, path.parent)
-    return config_from_dict(raw, source=str(path))
-
-
-def resolve_env_files(raw: dict[str, Any], config_dir: Path) -> None:
-    """An environment id "file.py:Class" names a file relative to where agentrl runs, or
-    else relative to the config file's folder: such ids get that folder's path, so a
-    config beside its environment file runs from anywhere."""
-    for env in raw.get("environments") or []:
-        env_id = env.get("id") if isinstance(env, dict) else None
-        if not isinstance(env_id, str) or ".py:" not in env_id:
-            continue
-        file, _, cls = env_id.rpartition(":")
-        beside = config_dir / file
-        if not Path(file).is_absolute() and not Path(file).exists() and beside.exists():
-            env["id"] = f"{beside}:{cls}"
-
-
-def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:
-    """Decode a plain dict into a validated Config."""
-    check_unknown_keys(raw, Config, "")
-    check_ranges(raw, Config)  # before msgspec, whose own range message names no fix
-    try:
-        config = msgspec.convert(raw, Config, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-    from agentrl.config_checks import validate  # the checks need the Structs above
-
-    validate(config)
-    return config
-
-
-def apply_override(raw: dict[str, Any], override: str) -> None:
-    """Apply one ``a.b.c=value`` to a raw dict; the value is read as TOML, else as a string.
-
-    A numeric part indexes a list: ``environments.0.weight=2``.
-    """
-    if "=" not in override:
-        raise ConfigError(f"override {override!r} must look like section.key=value")
-    dotted, _, text = override.partition("=")
-    keys = dotted.strip().split(".")
-    try:
-        value = tomllib.loads(f"v = {text.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text.strip()
-    node: Any = raw
-    for key in keys[:-1]:
-        if isinstance(node, list):
-            node = node[_list_index(node, key, dotted)]
-        else:
-            node = node.setdefault(key, {})
-    last = keys[-1]
-    if isinstance(node, list):
-        node[_list_index(node, last, dotted)] = value
-    else:
-        node[last] = value
-
-
-def _list_index(node: list[Any], key: str, dotted: str) -> int:
-    if not key.isdigit() or int(key) >= len(node):
-        raise ConfigError(f"override {dotted}: {key!r} is not an index below {len(node)}")
-    return int(key)
-
-
-def check_unknown_keys(raw: Any, struct_type: type, where: str) -> None:
-    """Refuse keys that are not fields, naming the key and the closest valid one."""
-    if not isinstance(raw, dict):
-        return
-    hints = typing.get_type_hints(struct_type)
-    fields = [f.name for f in msgspec.structs.fields(struct_type)]
-    for key, value in raw.items():
-        if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=1)
-            hint = f"; did you mean '{where}{close[0]}'?" if close else ""
-            valid = ", ".join(fields)
-            raise ConfigError(
-                f"unknown setting '{where}{key}'{hint} (valid keys here: {valid})"
-            )
-        inner = _struct_inside(hints[key])
-        if inner is None:
-            continue
-        if isinstance(value, list):
-            for i, item in enumerate(value):
-                check_unknown_keys(item, inner, f"{where}{key}[{i}].")
-        else:
-            check_unknown_keys(value, inner, f"{where}{key}.")
-
-
-def _struct_inside(annotation: Any) -> type | None:
-    """The Struct type held by an annotation (directly, in a list, or optional)."""
-    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
-        return annotation
-    if typing.get_origin(annotation) in (list, types.UnionType, typing.Union):
-        for arg in typing.get_args(annotation):
-            found = _struct_inside(arg)
-            if found is not None:
-                return found
-    return None
-
-
-# --------------------------------------------------------------------------- validation
 
 
 def num_local_engines(rollout: RolloutConfig) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from agentrl.config import Config, ConfigError
-from agentrl.rollout.context import as_dicts
+from agentrl.types import as_dicts
 
 NUM_TASKS = 8
 """Train tasks (seeds 0..7) measured per environment; the longest first prompt counts."""

@@ -18,12 +18,12 @@ An environment in a config (``[[environments]] id = ...``) is one of:
   second is called under the namespace of its name, as Gymnasium 0.26-0.29 did.
 
 agentrl's own built-ins are registered through that same entry point (``agentrl =
-"agentrl.registry:register_builtins"``), and directly as a fallback for a source checkout
+"agentrl.envs.registry:register_builtins"``), and directly as a fallback for a source checkout
 that was never installed. ``import agentrl`` runs :func:`register_all`, after which
 ``gymnasium.make("agentrl/Countdown-v0")`` works; with Gymnasium's module prefix,
 ``gymnasium.make("agentrl:agentrl/Countdown-v0")`` works without importing agentrl first.
 
-:func:`make` returns the bare :class:`agentrl.env.AgentEnv` (no Gymnasium wrappers),
+:func:`make` returns the bare :class:`agentrl.envs.agent_env.AgentEnv` (no Gymnasium wrappers),
 because the runner calls its own methods (``astep``, ``tool_schemas``) that wrappers do
 not forward.
 """
@@ -44,7 +44,7 @@ from typing import Any
 import gymnasium
 from gymnasium.envs.registration import namespace
 
-from agentrl.env import AgentEnv, missing_init_message
+from agentrl.envs.agent_env import AgentEnv, missing_init_message
 
 BUILTINS = {
     "agentrl/Countdown-v0": "environments.countdown:CountdownEnv",

@@ -1,0 +1,30 @@
+"""Run configuration: settings Structs, TOML loading and ``--set``, ranges, load-time
+checks, the four-knob accounting, the lr schedule.
+
+The names below are the stable API (``from agentrl.config import load_config, Config``).
+"""
+
+from agentrl.config.load import config_from_dict, load_config
+from agentrl.config.ranges import ConfigError
+from agentrl.config.settings import (
+    SEQUENCE_LEVEL_AGGREGATIONS,
+    AdvantageConfig,
+    BatchConfig,
+    CompactionConfig,
+    Config,
+    EnvironmentConfig,
+    LogConfig,
+    LossConfig,
+    ModelConfig,
+    OptimConfig,
+    RolloutConfig,
+    TrainConfig,
+    num_local_engines,
+)
+
+__all__ = [
+    "SEQUENCE_LEVEL_AGGREGATIONS", "AdvantageConfig", "BatchConfig", "CompactionConfig",
+    "Config", "ConfigError", "EnvironmentConfig", "LogConfig", "LossConfig", "ModelConfig",
+    "OptimConfig", "RolloutConfig", "TrainConfig", "config_from_dict", "load_config",
+    "num_local_engines",
+]

@@ -1,0 +1,344 @@
+"""``AgentEnv``: a Gymnasium environment whose observations are chat messages and whose
+actions are the model's text.
+
+The contract the rollout runner relies on
+-----------------------------------------
+- ``reset(*, seed=None, options=None) -> (messages, info)``: the task, as a list of
+  :class:`agentrl.types.Message` (system + user). The same seed gives the same task, so
+  every rollout of a group starts identically. ``options={"split": "eval"}`` draws from
+  the held-out tasks instead ("train" is the default); the two splits never share a task.
+  Validation calls ``reset(seed=i, options={"split": "eval"})`` for ``i in range(n)``.
+- ``step(action: str) -> (messages, reward, terminated, truncated, info)``. When the text
+  holds tool calls, they run and the observation is one ``role="tool"`` message (with
+  ``name``) per call; otherwise the text is the final answer: it is graded and the
+  episode terminates. ``truncated`` is True when ``max_turns`` steps passed without an
+  answer.
+- **The rollout's reward is the sum of its step rewards** (built-ins give 0.0 on every
+  step but the last), times the config's ``reward_scale``. To reward intermediate steps,
+  override ``step`` and add to the reward it returns (docs/writing-environments.md).
+- Turn limits: the rollout ends at whichever comes first, this environment's
+  ``max_turns`` (``step`` returns ``truncated=True``) or the config's ``rollout.max_turns``.
+- ``info["tool_errors"]``: dict kind -> count of failed tool calls in this step (kinds in
+  :data:`agentrl.envs.tools.ERROR_KINDS`); empty when none failed. Summed over the rollout
+  by the runner into ``RolloutStats.tool_errors``.
+- ``info["reward_components"]``: dict name -> float, named parts of the reward for
+  logging only (they need not sum to the reward); empty until the final step.
+- ``info["num_tool_calls"]``: calls attempted in this step.
+- Blocking: ``step`` may block (tools, subprocesses). The runner calls ``reset``,
+  ``tool_schemas``, ``step`` and ``close`` each under the deadline
+  ``rollout.step_timeout_s`` and the constructor under ``rollout.rollout_timeout_s``
+  (see :mod:`agentrl.rollout.env_guard`), each call on its own thread
+  (``isolation = "thread"``, the default; an environment with native async I/O overrides
+  ``astep``, which is then awaited instead) or in a worker process
+  (``isolation = "process"``). A call that timed out may still be running, so the runner
+  drops that instance (the rollout is invalid) and closes it once the call returns.
+- Checked on every call (:mod:`agentrl.rollout.env_contract`): ``reset`` returns a
+  2-tuple with a non-empty message list; ``step`` a 5-tuple whose reward is a finite real
+  number (inside ``reward_range`` when declared), ``terminated``/``truncated`` bools;
+  observations are lists of ``Message`` with ``str`` content that encodes as UTF-8, at
+  most ``rollout.max_observation_chars`` characters per call; ``info`` is a dict. A
+  violation invalidates that rollout with a message naming the environment, the method
+  and the expected type; it never stops the run (unless most rollouts of an environment
+  fail: ``train.max_invalid_fraction``).
+- An env instance is stateful: one instance per concurrent rollout.
+- ``tool_schemas()``: OpenAI-style function schemas of the ``@tool`` methods, for the
+  chat template's ``tools`` argument.
+
+Writing an environment: subclass, implement ``sample_task(rng) -> Task`` and
+``grade(answer) -> Grade | float``, optionally add ``@tool`` methods and a scripted policy
+``demonstrate(messages) -> str | None`` (for ``agentrl sft`` and ``agentrl check-env``).
+A subclass ``__init__`` must call ``super().__init__(**kwargs)``. See
+``docs/writing-environments.md`` and ``examples/custom_env/`` (one in under 60 lines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import Counter
+from typing import Any
+
+import gymnasium
+import msgspec
+import numpy as np
+from gymnasium import spaces
+
+from agentrl.envs.tools import MAX_OUTPUT_CHARS, PARSERS, ToolCallParser, collect_tools, run_call
+from agentrl.types import Message
+
+SPLITS = ("train", "eval")
+ROLES = ("system", "user", "assistant", "tool")
+_PRINTABLE = tuple(chr(c) for c in range(32, 127)) + ("\n",)
+
+
+class Task(msgspec.Struct):
+    """One task: the opening messages, the ground truth for the verifier, and a key."""
+
+    messages: list[Message]
+    answer: Any = None
+    """Whatever ``grade`` needs (a number, an expression's numbers and target, ...)."""
+    key: str = ""
+    """Canonical identity of the task; decides its split (train or eval)."""
+
+
+class Grade(msgspec.Struct):
+    """A verifier's verdict: the reward and its named components (for logging)."""
+
+    reward: float
+    components: dict[str, float] = {}
+
+
+class TextSpace(spaces.Space[str]):
+    """Any string up to ``max_length`` characters: the space of the model's actions."""
+
+    def __init__(self, max_length: int = 100_000, seed: int | None = None):
+        self.max_length = max_length
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        """Text cannot be flattened into a numeric array."""
+        return False
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        """Random printable text (short), enough for checkers and smoke tests."""
+        length = int(self.np_random.integers(1, 40))
+        return "".join(self.np_random.choice(_PRINTABLE, size=length))
+
+    def contains(self, x: Any) -> bool:
+        """Any str within the length limit."""
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TextSpace) and other.max_length == self.max_length
+
+
+class MessageSpace(spaces.Space[list[Message]]):
+    """Lists of chat messages: the space of observations."""
+
+    def __init__(self, max_messages: int = 1024, max_length: int = 1_000_000,
+                 seed: int | None = None):
+        self.max_messages = max_messages
+        self.max_length = max_length
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        """Messages cannot be flattened into a numeric array."""
+        return False
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        """A few random messages, for checkers."""
+        count = int(self.np_random.integers(1, 4))
+        text = TextSpace(seed=int(self.np_random.integers(2**31)))
+        return [Message(str(self.np_random.choice(ROLES)), text.sample()) for _ in range(count)]
+
+    def contains(self, x: Any) -> bool:
+        """A list of Messages with known roles and str content within the limits."""
+        return (
+            isinstance(x, list)
+            and len(x) <= self.max_messages
+            and all(
+                isinstance(m, Message) and m.role in ROLES and isinstance(m.content, str)
+                and len(m.content) <= self.max_length
+                for m in x
+            )
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MessageSpace) and (
+            (other.max_messages, other.max_length) == (self.max_messages, self.max_length)
+        )
+
+
+def split_of_key(key: str, eval_fraction: float) -> str:
+    """The split a task key belongs to, by a stable hash (same on every machine and run)."""
+    digest = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    return "eval" if digest / 2**64 < eval_fraction else "train"
+
+
+class AgentEnv(gymnasium.Env[list[Message], str]):
+    """Base of every agentrl environment; see the module docstring for the contract."""
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}  # fps: silences check_env
+    max_turns: int = 8
+    """Steps before the episode is truncated."""
+    tool_timeout_s: float = 10.0
+    """Seconds one tool call may take (a ``@tool(timeout_s=...)`` overrides it)."""
+    max_tool_calls_per_turn: int = 8
+    max_tool_output_chars: int = MAX_OUTPUT_CHARS
+    """Characters of one tool message; longer output is cut with a marker the model sees."""
+    eval_fraction: float = 0.1
+    """Share of task keys held out for the eval split."""
+    isolation: str = "thread"
+    """Where the runner keeps each instance: "thread" (in the trainer's process; each call
+    on its own thread, cut off at ``rollout.step_timeout_s``) or "process" (a worker
+    process killed at the deadline, whatever the code does). Choose "process" when a step
+    can hold the GIL for long (C extensions, big regexes on model text): in-process, such
+    a step freezes every other rollout until it returns."""
+    reward_range: tuple[float, float] | None = None
+    """Declared bounds of one step's reward; a step reward outside them invalidates the
+    rollout (``bad_reward``). None: any finite float."""
+
+    def __init__(self, *, max_turns: int | None = None, render_mode: str | None = None,
+                 parser: str | ToolCallParser = "hermes"):
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ValueError(f"render_mode {render_mode!r} is not supported; use None or 'ansi'")
+        if max_turns is not None:
+            if max_turns < 1:
+                raise ValueError(f"max_turns is {max_turns}; it must be >= 1")
+            self.max_turns = max_turns
+        self.render_mode = render_mode
+        self.parser = _make_parser(parser)
+        self.observation_space = MessageSpace()
+        self.action_space = TextSpace()
+        self.tools = collect_tools(self)
+        self.task: Task | None = None
+        self.history: list[Message] = []
+        self._turn = 0
+        self._done = True
+
+    # ------------------------------------------------------------------ subclass hooks
+
+    def sample_task(self, rng: np.random.Generator) -> Task:
+        """Draw one task from the generator; subclasses implement it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement sample_task(rng)")
+
+    def grade(self, answer: str) -> Grade | float:
+        """Score a final answer against ``self.task``; subclasses implement it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement grade(answer)")
+
+    def demonstrate(self, messages: list[Message]) -> str | None:
+        """Optional scripted policy: the next assistant message of a correct episode.
+
+        ``messages`` is the conversation so far as this environment saw it (the reset
+        messages, then every assistant message and the tool messages after it; never
+        compacted), and ``self.task`` is the current task. Return the text the model should
+        write next: tool calls (:func:`agentrl.envs.tools.format_call` writes them) or the final
+        answer. ``agentrl sft`` plays it through the rollout runner to warm-start a model;
+        ``agentrl check-env`` plays it as its scripted episodes. Act on what the model can
+        see after compaction (the task and the newest turn), so the policy is learnable.
+        The default returns None: no scripted policy.
+        """
+        return None
+
+    def draw_task(self, rng: np.random.Generator, split: str) -> Task:
+        """A task of the given split: resample until the task's key hashes into it."""
+        for _ in range(10_000):
+            task = self.sample_task(rng)
+            if split_of_key(task.key or repr(task.messages), self.eval_fraction) == split:
+                return task
+        raise ValueError(
+            f"{type(self).__name__}: no {split!r} task found in 10000 draws; the task space "
+            "is too small for eval_fraction — widen the difficulty settings"
+        )
+
+    # ------------------------------------------------------------------ gymnasium API
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI-style function schemas of this environment's tools (maybe empty)."""
+        return [bound.spec.schema() for bound in self.tools.values()]
+
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        """Start a new task; the same seed (and split) gives the same task."""
+        super().reset(seed=seed)
+        split = (options or {}).get("split", "train")
+        if split not in SPLITS:
+            raise ValueError(f"options['split'] is {split!r}; use one of {SPLITS}")
+        self.task = self.draw_task(self.np_random, split)
+        self.history = [msgspec.structs.replace(m) for m in self.task.messages]
+        self._turn = 0
+        self._done = False
+        return [msgspec.structs.replace(m) for m in self.history], {"split": split}
+
+    def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """Run the tool calls in the text, or grade it as the final answer."""
+        if self._done or self.task is None:
+            raise ValueError("step() called on a finished or unstarted episode; call reset()")
+        if not isinstance(action, str):
+            raise ValueError(f"action must be the model's text (str), got {type(action)}")
+        self._turn += 1
+        self.history.append(Message("assistant", action))
+        calls = self.parser.parse(action)
+        info: dict[str, Any] = {"tool_errors": {}, "reward_components": {},
+                                "num_tool_calls": len(calls)}
+        if not calls:
+            grade = self.grade(action)
+            grade = grade if isinstance(grade, Grade) else Grade(float(grade))
+            info["reward_components"] = dict(grade.components)
+            self._done = True
+            return [], float(grade.reward), True, False, info
+        observation = self._run_calls(calls, info)
+        self.history.extend(observation)
+        truncated = self._turn >= self.max_turns
+        self._done = truncated
+        return [msgspec.structs.replace(m) for m in observation], 0.0, False, truncated, info
+
+    async def astep(self, action: str) -> tuple[list[Message], float, bool, bool, dict]:
+        """``step`` in a worker thread. The runner calls ``step`` on its own thread instead
+        unless a subclass overrides this (native async I/O), which it then awaits under
+        the same deadline."""
+        return await asyncio.to_thread(self.step, action)
+
+    def render(self) -> str | None:
+        """The transcript so far as text ("ansi" mode)."""
+        if self.render_mode != "ansi":
+            return None
+        return "\n".join(f"[{m.role}{':' + m.name if m.name else ''}] {m.content}"
+                         for m in self.history)
+
+    # ------------------------------------------------------------------ internals
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only when normal lookup failed: an attribute AgentEnv.__init__ sets is
+        # missing, so a subclass __init__ skipped it. Say so instead of letting Gymnasium
+        # report "must specify an action space" (a TypeError, so hasattr does not hide it).
+        if name in _SET_BY_INIT:
+            raise TypeError(missing_init_message(type(self)))
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _run_calls(self, calls: list, info: dict[str, Any]) -> list[Message]:
+        errors: Counter[str] = Counter()
+        observation = []
+        for index, call in enumerate(calls):
+            if index >= self.max_tool_calls_per_turn:
+                errors["too_many_calls"] += len(calls) - index
+                observation.append(Message(
+                    "tool", f"Error (too_many_calls): only {self.max_tool_calls_per_turn} "
+                    "tool calls run per turn; the rest were skipped", "error"))
+                break
+            outcome = run_call(self.tools, call, self.tool_timeout_s,
+                               self.max_tool_output_chars)
+            if outcome.error is not None:
+                errors[outcome.error] += 1
+            observation.append(outcome.message)
+        info["tool_errors"] = dict(errors)
+        return observation
+
+
+_SET_BY_INIT = frozenset({"observation_space", "action_space", "tools", "parser", "task",
+                          "history", "_turn", "_done"})
+
+
+def missing_init_message(cls: type) -> str:
+    """The error for a subclass whose ``__init__`` never ran ``AgentEnv.__init__``."""
+    name = cls.__name__
+    return (f"{name}.__init__ did not call super().__init__(**kwargs), so the environment "
+            f"has no action space, tools or tool-call parser; add `super().__init__(**kwargs)` "
+            f"as the first line of {name}.__init__ (and accept **kwargs there, so max_turns "
+            "and parser reach AgentEnv)")
+
+
+def has_demonstration(env: Any) -> bool:
+    """Whether the environment's class overrides :meth:`AgentEnv.demonstrate`."""
+    method = getattr(type(env), "demonstrate", None)
+    return method is not None and method is not AgentEnv.demonstrate
+
+
+def _make_parser(parser: str | ToolCallParser) -> ToolCallParser:
+    if not isinstance(parser, str):
+        return parser
+    if parser not in PARSERS:
+        raise ValueError(f"unknown tool-call parser {parser!r}; known: {sorted(PARSERS)}")
+    return PARSERS[parser]()

@@ -1,0 +1,1 @@
+"""Seeing a run: step metrics per environment, their writers, the live and plot panels."""

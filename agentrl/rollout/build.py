@@ -1,0 +1,45 @@
+"""Building the rollout side of a run: engine replicas, sampler, runner, collector.
+
+Used by the trainer's process and by the collector process alike
+(``agentrl.rollout.collector_process``), so both assemble the same parts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import Config
+from agentrl.config.accounting import plan_batches
+from agentrl.engines.build import build_engines
+from agentrl.rollout.async_collector import AsyncCollector
+from agentrl.rollout.runner import RolloutRunner
+from agentrl.sampler import EnvironmentSampler
+
+
+def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path | str,
+                 num_training_gpus: int = 1) -> Any:
+    """The inference side: a router over the configured replicas (``agentrl.engines``),
+    each loading ``model_dir`` itself (it never shares the trainer's parameters)."""
+    return build_engines(config, model_dir, tokenizer, model.config.max_position_embeddings,
+                         num_training_gpus=num_training_gpus)
+
+
+def build_collector(config: Config, runner: Any, sampler: EnvironmentSampler,
+                    first_step: int) -> Any:
+    """The asynchronous collector producing steps ``first_step ..`` (max_staleness >= 1)."""
+    return AsyncCollector(runner, sampler, plan_batches(config).num_rollouts,
+                          config.rollout.max_staleness, first_step, config.train.num_steps,
+                          inflight_updates=config.rollout.inflight_updates)
+
+
+def build_sampler(config: Config) -> EnvironmentSampler:
+    """The environment sampler of a fresh run: the config's weights, its seed."""
+    return EnvironmentSampler(
+        {env.display_name(): env.weight for env in config.environments}, config.train.seed)
+
+
+def build_runner(config: Config, engine: Any, tokenizer: Any,
+                 sampler: EnvironmentSampler) -> Any:
+    """The rollout runner over the configured environments."""
+    return RolloutRunner(config, engine, tokenizer, sampler)

@@ -1,0 +1,1 @@
+"""Training: the step loop, run setup, the update, checkpoints, SFT warm start, preflight."""
