@@ -1,6 +1,7 @@
 """Rollouts → rows: the rollout's one reward is copied onto every row it was split into.
 
-Compaction cuts a long rollout into several segments; each becomes a trainable row.
+Compaction cuts a long rollout into several segments, and a rollout may hold several
+threads (subagents), each with segments of its own; every segment becomes a trainable row.
 The copies of the reward must agree and a rollout is only as valid as its worst row;
 ``check_reward_copies`` and ``rollout_validity`` state those two rules for any list of rows.
 """
@@ -35,6 +36,7 @@ def to_rows(rollouts: Iterable[Rollout]) -> list[Row]:
                     valid=valid,
                     num_prompt_tokens=segment.num_prompt_tokens,
                     version_runs=segment.version_runs,
+                    thread=segment.thread,
                 )
             )
     return rows

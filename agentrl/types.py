@@ -7,6 +7,9 @@ Vocabulary (one meaning each, as in docs/architecture.md):
   rollout whose context was compacted has several segments.
 - *row*: a segment as training data, carrying a copy of its rollout's reward.
 - *group*: the rollouts of one task whose rewards are compared (the GRPO baseline).
+- *thread*: one conversation inside a rollout: the main one, and each subagent (or
+  harness session branch) it starts. A thread is cut into segments by compaction; the
+  rows of every thread of a rollout share its one reward and its one advantage.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ def as_dicts(messages: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+MAIN_THREAD = "main"
+"""The thread id of a rollout's own conversation."""
+
+
 class Segment(msgspec.Struct):
     """Tokens of one context as the engine saw it, in order.
 
@@ -58,6 +65,9 @@ class Segment(msgspec.Struct):
     start came from weights ``version`` (a version counts completed training steps).
     Empty when not recorded (batches saved before versions existed). See
     ``agentrl.staleness``."""
+    thread: str = MAIN_THREAD
+    """The conversation this segment belongs to: ``MAIN_THREAD``, or the id of a thread
+    listed in ``Rollout.threads``."""
 
     @property
     def num_generated_tokens(self) -> int:
@@ -97,6 +107,23 @@ class RolloutStats(msgspec.Struct, omit_defaults=True):
     """Why a truncated rollout ended (one of TRUNCATION_REASONS); None when not truncated."""
 
 
+class Thread(msgspec.Struct, omit_defaults=True):
+    """One conversation of a rollout other than the main one (a subagent, or a branch of
+    a harness session), as a node of the rollout's tree."""
+
+    thread_id: str
+    parent: str = MAIN_THREAD
+    """The thread that started this one."""
+    depth: int = 1
+    """1 for a thread the main one started, 2 for its children, ..."""
+    origin: str = ""
+    """What started it, in words (e.g. the tool call)."""
+    answer: str | None = None
+    """What it returned to its parent; None when it returned nothing."""
+    error: str | None = None
+    """Why it failed, when it did."""
+
+
 class Rollout(msgspec.Struct):
     """One attempt at one task: one reward, one validity, one or more segments."""
 
@@ -108,6 +135,9 @@ class Rollout(msgspec.Struct):
     valid: bool = True
     stats: RolloutStats = msgspec.field(default_factory=RolloutStats)
     reward_components: dict[str, float] = {}
+    threads: list[Thread] = []
+    """The rollout's threads besides the main one (empty: a single conversation). Every
+    segment names its thread; segments of all threads are rows of this one rollout."""
 
     @property
     def num_generated_tokens(self) -> int:
@@ -148,6 +178,8 @@ class Row(msgspec.Struct):
     num_prompt_tokens: int = 0
     version_runs: list[tuple[int, int]] = []
     """The segment's policy versions, run-length encoded (see ``Segment.version_runs``)."""
+    thread: str = MAIN_THREAD
+    """The segment's thread (see ``Segment.thread``)."""
 
     @property
     def num_generated_tokens(self) -> int:

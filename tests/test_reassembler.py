@@ -25,3 +25,18 @@ def test_validity_is_the_minimum_over_rows():
     rows = to_rows([good])
     rows[1].valid = False
     assert rollout_validity(rows) == {"a": False}
+
+
+def test_rows_keep_their_thread_and_every_thread_shares_the_reward():
+    from agentrl.types import MAIN_THREAD, Thread
+
+    r = rollout("r", "G", 0.5, num_rows=4)
+    r.segments[1].thread = r.segments[2].thread = "sub-0"
+    r.segments[3].thread = "sub-0.0"
+    r.threads = [Thread("sub-0"), Thread("sub-0.0", parent="sub-0", depth=2)]
+    r.segments[3].valid = False  # a failed grandchild masks the whole rollout
+    rows = to_rows([r])
+    assert [row.thread for row in rows] == [MAIN_THREAD, "sub-0", "sub-0", "sub-0.0"]
+    assert {row.reward for row in rows} == {0.5}
+    assert not any(row.valid for row in rows)
+    assert rollout_validity(rows) == {"r": False}
