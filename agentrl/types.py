@@ -88,6 +88,32 @@ TRUNCATION_REASONS = ("context_budget", "max_turns", "max_rollout_tokens", "max_
 """
 
 
+COMPACTION_CAUSES = ("tool", "budget")
+"""Why a compaction happened: the policy called the ``compact`` tool, or the next turn's
+context would have passed ``compaction.max_context_tokens``."""
+
+
+class Compaction(msgspec.Struct, omit_defaults=True):
+    """One compaction of a rollout: what caused it, what it kept."""
+
+    cause: str
+    """One of ``COMPACTION_CAUSES``."""
+    strategy: str
+    """What compacted: "tool" (the policy's own summary), "summarize" or "drop_oldest"."""
+    segment: int
+    """Index of the segment (row) it ended; the next one starts from the compacted context."""
+    summary: str | None = None
+    """The summary the next segment starts from (None for drop_oldest)."""
+    summary_tokens: int = 0
+    """Generated tokens of the summary (the whole ``compact`` call for the tool)."""
+    facts_revealed: list[str] = []
+    """The environment's needed facts (``AgentEnv.needed_facts``) that had appeared in the
+    conversation before this compaction."""
+    facts_kept: list[str] = []
+    """Those of ``facts_revealed`` the compacted context still holds (in the summary, or
+    in the turns kept after it)."""
+
+
 class RolloutStats(msgspec.Struct, omit_defaults=True):
     """What happened during one rollout, for metrics and debugging."""
 
@@ -105,6 +131,11 @@ class RolloutStats(msgspec.Struct, omit_defaults=True):
     """Counts of tool-call failures by kind (malformed_json, unknown_tool, timeout, ...)."""
     truncation_reason: str | None = None
     """Why a truncated rollout ended (one of TRUNCATION_REASONS); None when not truncated."""
+    compactions: list[Compaction] = []
+    """Every compaction, in order (``len(compactions) == num_compactions``)."""
+    needed_facts: list[str] = []
+    """What the task's answer needs from the conversation (``AgentEnv.needed_facts``);
+    empty when the environment does not say."""
 
 
 class Thread(msgspec.Struct, omit_defaults=True):

@@ -45,3 +45,30 @@ def test_rows_per_rollout_and_tool_errors_by_kind_per_environment():
     y = rollout_figures([c], "env/y/")
     assert y["env/y/rows_per_rollout/mean"] == 2.0
     assert not any("/tool_errors/" in key for key in y)  # no kind occurred: nothing logged
+
+
+def test_compaction_efficacy_figures_by_hand():
+    """Three rollouts: one compacted by tool then budget (kept 1 of 1, then 1 of 2 facts),
+    one by budget with drop_oldest (kept 0 of 1), one never compacted."""
+    from agentrl.observe.compaction import compaction_figures
+    from agentrl.types import Compaction, RolloutStats
+    from tests.factories import rollout
+
+    a, b, c = (rollout("a", "g", 1.0, num_rows=3), rollout("b", "g", 0.0, num_rows=2),
+               rollout("c", "g", 0.5))
+    a.stats = RolloutStats(num_compactions=2, compactions=[
+        Compaction("tool", "tool", 0, "Entry: x.", 8, ["x"], ["x"]),
+        Compaction("budget", "summarize", 1, "Entry: x.", 6, ["x", "y"], ["x"])])
+    b.stats = RolloutStats(num_compactions=1, compactions=[
+        Compaction("budget", "drop_oldest", 0, None, 0, ["x"], [])])
+    figures = compaction_figures([a, b, c], prefix="env/e/")
+    assert figures == {
+        "env/e/compaction/by_tool/mean": 1 / 3,
+        "env/e/compaction/by_budget/mean": 2 / 3,
+        "env/e/compaction/compacted_share": 2 / 3,
+        "env/e/compaction/summary_tokens/mean": 7.0,  # drop_oldest has no summary
+        "env/e/compaction/fact_survival": 2 / 4,
+        "env/e/reward/compacted": 0.5,
+        "env/e/reward/not_compacted": 0.5,
+    }
+    assert "compaction/fact_survival" not in compaction_figures([c])

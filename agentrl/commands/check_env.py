@@ -264,6 +264,9 @@ async def _print_context_budget(args: argparse.Namespace, kwargs: dict, env: Any
     except EnvError as exc:
         print(f"violation ({exc.kind}): {exc}")
         return False
+    from agentrl.rollout.compact_tool import offered_tools
+
+    tools = offered_tools(config.compaction.strategy, tools)
     budget = budget_of_prompts(heads, tools or None, tokenizer, env_config.display_name())
     print(describe_budgets([budget], config, name))
     problem = budget_problem(budget, config)

@@ -222,20 +222,36 @@ class RolloutConfig(_Section):
 
 
 class CompactionConfig(_Section):
-    strategy: Literal["none", "drop_oldest", "summarize"] = "none"
-    """What happens when a turn's context would pass max_context_tokens: "none" (the
-    rollout is one row), "drop_oldest" turns, or a policy-written "summarize"."""
+    strategy: Literal["none", "truncate", "drop_oldest", "summarize", "tool"] = "none"
+    """What happens when a turn's context would pass max_context_tokens: "none" (no
+    budget: the rollout is one row), "truncate" (the rollout ends there, truncated with
+    reason "context_budget"), "drop_oldest" turns, a policy-written "summarize" (asked
+    for when the budget is reached), or "tool": the policy is offered a `compact` tool
+    whose argument is its own summary and compacts whenever it calls it; the budget still
+    forces a compaction (`fallback`) when it has not compacted in time."""
+    fallback: Literal["summarize", "drop_oldest", "truncate"] = "summarize"
+    """strategy "tool": what the budget forces when the policy has not compacted in time."""
     max_context_tokens: PositiveInt = 2048
     """Context tokens (prompt + history) a turn may start from before compaction; >= 1,
     and max_context_tokens + rollout.max_new_tokens must fit the model's positions."""
     keep_last_turns: NonNegativeInt = 2
-    """drop_oldest / summarize: turns kept after the system and task messages (and the
-    summary, for summarize); >= 0. The newest turn, with its tool result, is always kept,
-    even with 0."""
+    """drop_oldest / summarize / tool: turns kept after the system and task messages (and
+    the summary); >= 0. After a budget overflow the newest turn, with its tool result, is
+    always kept, even with 0; a `compact` call keeps the last keep_last_turns turns
+    before it."""
     max_compactions: NonNegativeInt = 4
-    """Compactions per rollout; >= 0; past it the rollout ends as truncated."""
+    """Compactions per rollout (by tool and by budget together); >= 0; past it the
+    rollout ends as truncated (reason "max_compactions")."""
     summary_max_tokens: PositiveInt = 128
-    """summarize: generated tokens for the summary; >= 1."""
+    """summarize (and the tool strategy's summarize fallback): generated tokens for the
+    summary; >= 1."""
+
+    @property
+    def asks_for_summary(self) -> bool:
+        """Whether a budget overflow asks the policy for a summary (summarize, or the tool
+        strategy with its summarize fallback)."""
+        return self.strategy == "summarize" or (
+            self.strategy == "tool" and self.fallback == "summarize")
 
 
 class EnvironmentConfig(_Section):

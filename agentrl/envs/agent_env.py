@@ -222,6 +222,29 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         """
         return None
 
+    def demonstrate_summary(self, messages: list[Message], forced: bool) -> str | None:
+        """Optional, beside ``demonstrate``: the summary a correct policy writes now, so
+        ``agentrl sft`` can warm-start compaction by summary (``messages`` as for
+        ``demonstrate``: never compacted).
+
+        ``forced=True``: the context is full and a summary is asked for (strategy
+        ``summarize``, or the ``tool`` strategy's summarize fallback); return the summary.
+        ``forced=False`` (strategy ``tool``, before each action): return the summary to
+        call the ``compact`` tool with now, or None to act without compacting. Keep in it
+        what the rest of the task needs (see ``needed_facts``). The default returns None:
+        no summaries (a summarize warm start then refuses with this method's name).
+        """
+        return None
+
+    def needed_facts(self) -> list[str]:
+        """Optional: what the current task's answer needs from the conversation, as
+        strings that appear verbatim in the observations (e.g. the entries a final
+        question asks for). For every compaction the run then records which of the facts
+        revealed so far the compacted context still holds (``compaction/fact_survival``
+        per environment; ``agentrl inspect`` shows what each summary kept and lost). The
+        default, []: nothing is measured."""
+        return []
+
     def draw_task(self, rng: np.random.Generator, split: str) -> Task:
         """A task of the given split: resample until the task's key hashes into it."""
         for _ in range(10_000):

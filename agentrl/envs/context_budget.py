@@ -40,11 +40,13 @@ class PromptBudget(msgspec.Struct, frozen=True):
         return self.system_tokens + self.tool_tokens + self.observation_tokens
 
 
-def measure_first_prompt(env: Any, tokenizer: Any, name: str,
-                         num_tasks: int = NUM_TASKS) -> PromptBudget:
-    """The first prompt's tokens by part, for the longest of ``num_tasks`` train tasks."""
+def measure_first_prompt(env: Any, tokenizer: Any, name: str, num_tasks: int = NUM_TASKS,
+                         extra_tools: list[dict[str, Any]] | None = None) -> PromptBudget:
+    """The first prompt's tokens by part, for the longest of ``num_tasks`` train tasks;
+    ``extra_tools``: schemas the runner offers beside the environment's (``compact``)."""
     heads = [env.reset(seed=seed)[0] for seed in range(num_tasks)]
-    return budget_of_prompts(heads, env.tool_schemas() or None, tokenizer, name)
+    tools = [*env.tool_schemas(), *(extra_tools or [])]
+    return budget_of_prompts(heads, tools or None, tokenizer, name)
 
 
 def budget_of_prompts(heads: list[Any], tools: list[dict[str, Any]] | None, tokenizer: Any,

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from agentrl.observe.compaction import compaction_figures
 from agentrl.types import TRUNCATION_REASONS, Group, Rollout
 
 
@@ -127,6 +128,7 @@ def rollout_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
         **truncation_figures(rollouts, prefix),
     }
     figures.update(breakdown_figures(rollouts, prefix))
+    figures.update(compaction_figures(rollouts, prefix))
     return figures
 
 

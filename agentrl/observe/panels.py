@@ -6,7 +6,8 @@ without validation, tool errors or truncation shows no empty axes; every axis th
 lines gets a legend.
 
 The agent-side panels read what :func:`agentrl.observe.metrics.rollout_figures` logs
-(``num_compactions/mean``, ``rows_per_rollout/mean``, ``num_turns/mean``,
+(``num_compactions/mean``, the ``compaction/...`` efficacy figures of
+:mod:`agentrl.observe.compaction`, ``rows_per_rollout/mean``, ``num_turns/mean``,
 ``truncation_rate``, ``tool_errors/<kind>``, ``invalid_rate``) and the reason counts other
 modules log under ``truncated/<reason>`` and ``invalid/<kind>``, overall and as
 ``env/<name>/...``.
@@ -39,6 +40,13 @@ class Panel(NamedTuple):
 
 METRIC_PANELS = (
     ("compactions per rollout", "num_compactions/mean"),
+    ("compactions by the policy's tool per rollout", "compaction/by_tool/mean"),
+    ("compactions forced by the budget per rollout", "compaction/by_budget/mean"),
+    ("share of rollouts that compacted", "compaction/compacted_share"),
+    ("needed facts kept by compaction (share)", "compaction/fact_survival"),
+    ("tokens per summary", "compaction/summary_tokens/mean"),
+    ("reward of rollouts that compacted", "reward/compacted"),
+    ("reward of rollouts that did not compact", "reward/not_compacted"),
     ("rows per rollout", "rows_per_rollout/mean"),
     ("turns per rollout", "num_turns/mean"),
     ("truncated share of rollouts", "truncation_rate"),
@@ -51,11 +59,17 @@ FAMILY_PANELS = (
 )
 
 
+SHOWN_WHEN_NONZERO = ("compaction/by_tool/", "compaction/by_budget/",
+                      "compaction/compacted_share")
+"""Figures logged at 0 by every run that never compacts (or never by tool): drawn only
+once they moved."""
+
+
 def all_keys(runs: Iterable[Records]) -> set[str]:
     """Every key with a logged (non-null) value in any record of any run; a reason or kind
-    count (``truncated/``, ``tool_errors/``, ``invalid/`` families) only when it was ever
-    non-zero, so a reason that never happened draws no flat line."""
-    families = tuple(family for _, family in FAMILY_PANELS)
+    count (``truncated/``, ``tool_errors/``, ``invalid/`` families) and the compaction
+    counts only when they were ever non-zero, so what never happened draws no flat line."""
+    families = tuple(family for _, family in FAMILY_PANELS) + SHOWN_WHEN_NONZERO
     keys = set()
     for records in runs:
         for r in records:

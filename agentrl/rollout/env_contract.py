@@ -29,6 +29,7 @@ INVALID_KINDS = (
     "reset_raised", "reset_timeout", "bad_reset",
     "tool_schemas_raised", "tool_schemas_timeout", "bad_tool_schemas",
     "step_raised", "step_timeout", "bad_step",
+    "needed_facts_raised", "needed_facts_timeout", "bad_needed_facts",
     "bad_reward", "bad_observation", "bad_info",
     "close_raised", "close_timeout",
     "engine_refused", "engine_unavailable", "rollout_timeout", "row_too_long",
@@ -192,6 +193,15 @@ def check_tool_schemas(env: str, schemas: Any) -> list[dict[str, Any]]:
         raise EnvError("bad_tool_schemas", f"env {env!r}: tool_schemas() returned a schema "
                        f"that is not JSON ({exc}); expected a list of JSON objects") from None
     return schemas
+
+
+def check_needed_facts(env: str, facts: Any) -> list[str]:
+    """A list of non-empty strings (the facts a compaction must keep), maybe empty."""
+    if not (isinstance(facts, list | tuple)
+            and all(isinstance(f, str) and f for f in facts)):
+        raise EnvError("bad_needed_facts", f"env {env!r}: needed_facts() returned "
+                       f"{describe(facts)}; expected a list of non-empty str")
+    return list(facts)
 
 
 def _shape(value: Any) -> str:

@@ -1,7 +1,7 @@
 """Every call into an environment under containment: a deadline, a checked result.
 
 :class:`GuardedEnv` is how the rollout code talks to an environment. ``reset``,
-``tool_schemas``, ``step`` and ``close`` each run under the deadline
+``tool_schemas``, ``needed_facts``, ``step`` and ``close`` each run under the deadline
 ``rollout.step_timeout_s``, the constructor under its own (the runner gives it
 ``rollout.rollout_timeout_s``: loading data may take longer than a step); what they
 return is checked against the contract (:mod:`agentrl.rollout.env_contract`); any
@@ -36,6 +36,7 @@ from typing import Any
 from agentrl.rollout.env_contract import (
     EnvError,
     StepResult,
+    check_needed_facts,
     check_reset,
     check_step,
     check_tool_schemas,
@@ -110,6 +111,14 @@ class GuardedEnv:
             return []
         schemas = await self.caller.call("tool_schemas", (), {}, self.timeout_s)
         return check_tool_schemas(self.name, schemas)
+
+    async def needed_facts(self) -> list[str]:
+        """What the current task's answer needs from the conversation (empty when the
+        environment does not say), checked."""
+        if not await self.caller.attribute("needed_facts", probe=True):
+            return []
+        facts = await self.caller.call("needed_facts", (), {}, self.timeout_s)
+        return check_needed_facts(self.name, facts)
 
     async def step(self, action: str) -> StepResult:
         """One step, checked: a real list, a finite reward, two bools, a dict."""

@@ -26,13 +26,21 @@ import msgspec
 
 from agentrl.config import CompactionConfig, RolloutConfig
 from agentrl.engines.interface import InferenceEngine, SamplingParams
-from agentrl.rollout.compaction import make_compactor
+from agentrl.rollout.compact_tool import (
+    COMPACT_TOOL,
+    CompactRequest,
+    check_tool_names,
+    find_compact_call,
+    offered_tools,
+)
+from agentrl.rollout.compaction import Compacted, make_compactor, restart_from_summary
 from agentrl.rollout.context import ChatContext
 from agentrl.rollout.env_contract import EnvError
 from agentrl.rollout.env_guard import GuardedEnv
+from agentrl.rollout.facts import FactTracker
 from agentrl.rollout.segment_builder import SegmentBuilder
 from agentrl.staleness import generation_versions
-from agentrl.types import Rollout, RolloutStats, Segment
+from agentrl.types import Compaction, Rollout, RolloutStats, Segment
 
 
 class RolloutSpec(msgspec.Struct, frozen=True):
@@ -68,6 +76,9 @@ class RolloutPlayer:
         self.reward = 0.0
         self.failure: EnvError | None = None
         """What made the rollout invalid (with its traceback), when something did."""
+        self.facts = FactTracker([], [])
+        self.head: list[dict[str, Any]] = []
+        """The context's opening messages (system + task), before any compaction."""
 
     async def play(self) -> Rollout:
         """Run the loop to the end; environment failures give an invalid rollout."""
@@ -130,7 +141,14 @@ class RolloutPlayer:
 
     async def _loop(self) -> None:
         messages = await self.env.reset(self.spec.task_seed)
-        context = ChatContext(self.tokenizer, await self.env.tool_schemas(), messages)
+        tools = await self.env.tool_schemas()
+        self.facts = FactTracker(await self.env.needed_facts(), messages)
+        self.stats.needed_facts = list(self.facts.needed)
+        if self.compaction.strategy == "tool":
+            check_tool_names(self.spec.env, tools)
+        context = ChatContext(self.tokenizer, offered_tools(self.compaction.strategy, tools),
+                              messages)
+        self.head = list(context.head)
         compactor = make_compactor(self.compaction, context.head, self.engine, self.stop_ids,
                                    key=self.spec.rollout_id)
         self.current = SegmentBuilder(context.prompt_ids())
@@ -146,23 +164,58 @@ class RolloutPlayer:
                                        generation_versions(generation, self.engine))
             self.stats.num_turns += 1
             text = context.assistant_text(generation.token_ids, self.stop_ids)
-            observation, reward, terminated, truncated, info = await self.env.step(text)
-            self._record(reward, info)
-            if terminated or truncated:
-                if truncated and not terminated:
-                    self._truncate("env")
-                return
-            turn, delta_ids = context.turn_delta(generation.token_ids, self.stop_ids,
-                                                 observation)
-            if compactor is None or (
-                len(self.current) + len(delta_ids) <= self.compaction.max_context_tokens
-            ):
-                context.turns.append(turn)
-                self.current.add_observation(delta_ids)
-                continue
-            if not await self._compact(compactor, context, turn, generation.token_ids, params):
+            if not await self._turn(context, compactor, generation.token_ids, text, params):
                 return
         self._truncate("max_turns")  # out of turns without the environment ending it
+
+    async def _turn(self, context: ChatContext, compactor: Any, generated_ids: list[int],
+                    text: str, params: SamplingParams) -> bool:
+        """Act on one reply: a ``compact`` call, else an environment step; False when
+        the rollout ended."""
+        request = (find_compact_call(text) if self.compaction.strategy == "tool" else None)
+        if request is not None:
+            return await self._compact_by_tool(context, compactor, request, generated_ids)
+        observation, reward, terminated, truncated, info = await self.env.step(text)
+        self._record(reward, info)
+        if terminated or truncated:
+            if truncated and not terminated:
+                self._truncate("env")
+            return False
+        self.facts.see(observation)
+        turn, delta_ids = context.turn_delta(generated_ids, self.stop_ids, observation)
+        if compactor is None or (
+            len(self.current) + len(delta_ids) <= self.compaction.max_context_tokens
+        ):
+            context.turns.append(turn)
+            self.current.add_observation(delta_ids)
+            return True
+        return await self._compact(compactor, context, turn, generated_ids, params)
+
+    async def _compact_by_tool(self, context: ChatContext, compactor: Any,
+                               request: CompactRequest, generated_ids: list[int]) -> bool:
+        """The policy's ``compact`` call: restart from its summary (a new segment), or
+        answer an unusable call with a tool error; False ends the rollout."""
+        assert self.current is not None
+        if request.num_other_calls:
+            self.tool_errors["compact_not_alone"] += request.num_other_calls
+        if request.error is not None:
+            self.tool_errors["invalid_arguments"] += 1
+            error = [{"role": "tool", "name": COMPACT_TOOL, "content": request.error}]
+            turn, delta_ids = context.turn_delta(generated_ids, self.stop_ids, error)
+            context.turns.append(turn)
+            self.current.add_observation(delta_ids)
+            return True
+        if self.stats.num_compactions >= self.compaction.max_compactions:
+            self._truncate("max_compactions")
+            return False
+        assert request.summary is not None
+        prompt_ids = restart_from_summary(context, self.head, list(context.turns),
+                                          request.summary, self.compaction, keep_newest=False)
+        if prompt_ids is None:
+            return self._start_segment(None, "tool", "tool")
+        compactor.policy_compacted(list(context.head))  # the head + the policy's summary
+        return self._start_segment(Compacted(prompt_ids, request.summary, len(generated_ids)),
+                                   "tool", "tool")
 
     async def _compact(self, compactor: Any, context: ChatContext, turn: Any,
                        generated_ids: list[int], params: SamplingParams) -> bool:
@@ -172,21 +225,31 @@ class RolloutPlayer:
             return False
         assert self.current is not None
         try:
-            prompt_ids = await compactor.compact(context, turn, generated_ids, self.current,
-                                                 params)
+            compacted = await compactor.compact(context, turn, generated_ids, self.current,
+                                                params)
         except ValueError as exc:  # the summary request did not fit the engine
             raise EnvError("engine_refused", f"engine refused the summary request: {exc}") \
                 from exc
         except ConnectionError as exc:  # the replica went away during the summary
             raise EnvError("engine_unavailable",
                            f"engine replica unavailable: {exc}") from exc
+        return self._start_segment(compacted, "budget", compactor.name)
+
+    def _start_segment(self, compacted: Compacted | None, cause: str, strategy: str) -> bool:
+        """Close the current segment; continue from ``compacted`` (recorded), or end the
+        rollout truncated (``context_budget``) when there is none."""
+        assert self.current is not None
         self.segments.append(self.current.build())
         self.current = None
-        if prompt_ids is None:  # the task and the newest turn do not fit the budget
+        if compacted is None:  # the task and what must be kept do not fit the budget
             self._truncate("context_budget")
             return False
         self.stats.num_compactions += 1
-        self.current = SegmentBuilder(prompt_ids)
+        self.stats.compactions.append(self.facts.record(
+            Compaction(cause=cause, strategy=strategy, segment=len(self.segments) - 1,
+                       summary=compacted.summary, summary_tokens=compacted.summary_tokens),
+            self.tokenizer.decode(compacted.prompt_ids)))
+        self.current = SegmentBuilder(compacted.prompt_ids)
         return True
 
     def _truncate(self, reason: str) -> None:

@@ -106,12 +106,15 @@ class Preflight:
     def prompt_budget(self, index: int) -> Any:
         """Environment ``index``'s first prompt by part (``agentrl.envs.context_budget``)."""
         from agentrl.envs.context_budget import measure_first_prompt
+        from agentrl.rollout.compact_tool import offered_tools
 
         env = self.config.environments[index]
         # the environment and the model folder raise ConfigErrors of their own
         built, tokenizer = self.environment(index), self.tokenizer
+        extra = offered_tools(self.config.compaction.strategy, [])
         try:
-            return measure_first_prompt(built, tokenizer, env.display_name())
+            return measure_first_prompt(built, tokenizer, env.display_name(),
+                                        extra_tools=extra)
         except Exception as exc:  # a user reset or tool_schemas can raise anything
             raise ConfigError(f"environments[{index}] ({env.id}): its first prompt cannot be "
                               f"built: {type(exc).__name__}: {_one_line(exc)}; "
@@ -128,10 +131,16 @@ class Preflight:
         rollout, compaction = self.config.rollout, self.config.compaction
         if compaction.strategy != "none":
             total = compaction.max_context_tokens + rollout.max_new_tokens
-            return RowBound(
-                total, "compaction.max_context_tokens + rollout.max_new_tokens = "
-                f"{compaction.max_context_tokens} + {rollout.max_new_tokens} = {total}",
-                "compaction.max_context_tokens (or rollout.max_new_tokens)")
+            how = ("compaction.max_context_tokens + rollout.max_new_tokens = "
+                   f"{compaction.max_context_tokens} + {rollout.max_new_tokens}")
+            if compaction.asks_for_summary:
+                from agentrl.engines.build import SUMMARY_REQUEST_TOKENS
+
+                total += SUMMARY_REQUEST_TOKENS + compaction.summary_max_tokens
+                how += (f" + the summary request (<= {SUMMARY_REQUEST_TOKENS}) + "
+                        f"compaction.summary_max_tokens {compaction.summary_max_tokens}")
+            return RowBound(total, f"{how} = {total}",
+                            "compaction.max_context_tokens (or rollout.max_new_tokens)")
         prompt, name = max((self.first_prompt_tokens(i), env.display_name())
                            for i, env in enumerate(self.config.environments))
         what = f"{prompt} for {name}'s first task"
@@ -217,8 +226,27 @@ def check_context_budget(pf: Preflight) -> str:
     return table
 
 
+def check_compact_tool(pf: Preflight) -> str:
+    """Under ``compaction.strategy = "tool"``, no environment has a tool of its own named
+    ``compact`` (the name the policy's compaction tool takes)."""
+    from agentrl.rollout.compact_tool import COMPACT_TOOL
+
+    compaction = pf.config.compaction
+    if compaction.strategy != "tool":
+        return f"compaction: {compaction.strategy}"
+    clashes = [env.display_name() for i, env in enumerate(pf.config.environments)
+               if any((s.get("function") or {}).get("name") == COMPACT_TOOL
+                      for s in pf.environment(i).tool_schemas())]
+    if clashes:
+        raise ConfigError(f'compaction.strategy = "tool" offers the policy a tool named '
+                          f'"{COMPACT_TOOL}", and environment(s) {", ".join(clashes)} have '
+                          "one of their own; rename theirs or choose another strategy")
+    return (f'compaction: the policy compacts with its "{COMPACT_TOOL}" tool; the budget '
+            f"({compaction.max_context_tokens} tokens) forces {compaction.fallback}")
+
+
 CHECKS: list[Check] = [check_environments, check_model, check_positions,
-                       check_micro_batch_budget, check_context_budget]
+                       check_micro_batch_budget, check_context_budget, check_compact_tool]
 """The plan-time checks, in order."""
 
 

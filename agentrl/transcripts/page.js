@@ -157,8 +157,8 @@
     box.append(summary(r));
     for (const row of r.rows) {
       if (row.index > 0) {
-        box.append(el("div", "compaction-marker",
-          "compaction " + row.index + ": row " + row.index + " starts from a compacted context"));
+        box.append(el("div", "compaction-marker", row.compaction ||
+          ("compaction " + row.index + ": row " + row.index + " starts from a compacted context")));
       }
       box.append(rowView(row));
     }

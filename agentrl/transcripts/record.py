@@ -26,7 +26,7 @@ from agentrl.transcripts.chat_text import (
     is_summary_request,
     split_messages,
 )
-from agentrl.types import Rollout, Segment
+from agentrl.types import Compaction, Rollout, Segment
 
 
 class Span(msgspec.Struct, omit_defaults=True):
@@ -54,6 +54,9 @@ class RowRecord(msgspec.Struct, omit_defaults=True):
     valid: bool = True
     spans: list[Span] = []
     policy_versions: list[int] = []
+    compaction: str | None = None
+    """For a row > 0: the compaction it starts from, in words (cause, summary length,
+    needed facts kept and lost)."""
 
 
 class RolloutRecord(msgspec.Struct, omit_defaults=True):
@@ -79,6 +82,8 @@ class RolloutRecord(msgspec.Struct, omit_defaults=True):
     reward_components: dict[str, float] = {}
     policy_versions: list[int] = []
     rows: list[RowRecord] = []
+    needed_facts: list[str] = []
+    """What the task's answer needs (``AgentEnv.needed_facts``), when declared."""
 
 
 def build_record(
@@ -90,6 +95,10 @@ def build_record(
     stats = rollout.stats
     rows = [_row_record(index, segment, row_advantages.get(index, 0.0), tokenizer)
             for index, segment in enumerate(rollout.segments)]
+    for compaction in stats.compactions:
+        if compaction.segment + 1 < len(rows):
+            rows[compaction.segment + 1].compaction = compaction_note(
+                compaction.segment + 1, compaction)
     return RolloutRecord(
         step=step, env=rollout.env, rollout_id=rollout.rollout_id, group_id=rollout.group_id,
         selection=selection, reward=float(rollout.reward), valid=rollout.trainable,
@@ -100,7 +109,26 @@ def build_record(
         truncation_reason=stats.truncation_reason,
         tool_errors=dict(stats.tool_errors), reward_components=dict(rollout.reward_components),
         policy_versions=sorted({v for r in rows for v in r.policy_versions}), rows=rows,
+        needed_facts=list(stats.needed_facts),
     )
+
+
+CAUSES = {"tool": "the policy's compact call", "budget": "the context budget"}
+
+
+def compaction_note(row: int, compaction: Compaction) -> str:
+    """"compaction 2 (by the context budget, summarize): row 2 starts from a compacted
+    context · summary 12 tokens · kept 1 of 2 needed facts seen (lost: birch)"."""
+    note = (f"compaction {row} (by {CAUSES.get(compaction.cause, compaction.cause)}, "
+            f"{compaction.strategy}): row {row} starts from a compacted context")
+    if compaction.summary is not None:
+        note += f" · summary {compaction.summary_tokens} tokens"
+    if compaction.facts_revealed:
+        lost = [f for f in compaction.facts_revealed if f not in compaction.facts_kept]
+        note += (f" · kept {len(compaction.facts_kept)} of {len(compaction.facts_revealed)} "
+                 "needed facts seen")
+        note += f" (lost: {', '.join(lost)})" if lost else " (all)"
+    return note
 
 
 def invalid_reason(rollout: Rollout) -> str | None:

@@ -28,9 +28,9 @@ def render_records(records: list[RolloutRecord], console: Any, full: bool = Fals
         console.print(summary_line(record))
         for row in record.rows:
             if row.index > 0:
-                console.print(Rule(Text(
-                    f"compaction {row.index}: row {row.index} starts from a compacted context"),
-                    style="magenta", characters="═"))
+                note = row.compaction or (
+                    f"compaction {row.index}: row {row.index} starts from a compacted context")
+                console.print(Rule(Text(note), style="magenta", characters="═"))
             console.print(Rule(Text(row_title(row)), style="blue", align="left"))
             for span in row.spans:
                 for message in span.messages:

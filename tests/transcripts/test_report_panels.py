@@ -11,8 +11,10 @@ from agentrl.commands.report import build_figure
 from agentrl.observe.panels import agent_panels, all_keys
 from agentrl.observe.writers import read_metrics
 
-AGENT_TITLES = ["compactions per rollout", "rows per rollout", "turns per rollout",
-                "truncated share of rollouts", "invalid share of rollouts",
+AGENT_TITLES = ["compactions per rollout", "compactions forced by the budget per rollout",
+                "share of rollouts that compacted", "reward of rollouts that compacted",
+                "reward of rollouts that did not compact", "rows per rollout",
+                "turns per rollout", "truncated share of rollouts", "invalid share of rollouts",
                 "tool errors by kind"]
 
 
@@ -44,7 +46,8 @@ def test_report_has_no_empty_axes_and_a_legend_everywhere(sampled_run, validatio
     assert len(validation_axes) == (4 if validation else 0)
     assert len([t for t in titles if t.startswith("training reward")]) == 4
     assert [t for t in titles if t in AGENT_TITLES] == AGENT_TITLES
-    assert len(titles) == (14 if validation else 10)
+    assert len(titles) == (18 if validation else 14)
+    assert "compactions by the policy's tool per rollout" not in titles  # never moved
 
 
 def test_agent_panels_draw_each_environment_and_every_reason(sampled_run) -> None:

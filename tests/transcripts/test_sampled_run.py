@@ -59,7 +59,8 @@ def test_inspect_run_dir_renders_turns_rows_and_compaction(sampled_run, capsys,
     assert main(["inspect", str(sampled_run), "--step", "1", "--env", "longtool"]) == 0
     out = capsys.readouterr().out
     assert out.count("step 1 · longtool · ") == 3 and "· short ·" not in out
-    assert "compaction 1: row 1 starts from a compacted context" in out
+    assert ("compaction 1 (by the context budget, drop_oldest): row 1 starts from a "
+            "compacted context") in out
     assert "row 0 · advantage " in out and "row 1 · advantage " in out
     assert PAYLOAD in out  # rich markup and HTML in model/env text print as written
     assert "tool errors: tool_exception 1" in out and "reward " in out

@@ -207,3 +207,16 @@ def test_terminal_highlights_tool_calls_and_marks_summaries(tokenizer) -> None:
     # the call is printed in yellow (33), its surrounding text is not
     assert re.search(r"\x1b\[[0-9;]*33[0-9;]*m<tool_call>", styled)
     assert not re.search(r"\x1b\[[0-9;]*33[0-9;]*mLet me look", styled)
+
+
+def test_a_compaction_note_names_its_cause_and_the_facts_it_lost():
+    from agentrl.transcripts.record import compaction_note
+    from agentrl.types import Compaction
+
+    note = compaction_note(2, Compaction("budget", "summarize", 1, "Entry: x.", 5,
+                                         ["x", "birch"], ["x"]))
+    assert note == ("compaction 2 (by the context budget, summarize): row 2 starts from a "
+                    "compacted context · summary 5 tokens · kept 1 of 2 needed facts seen "
+                    "(lost: birch)")
+    tool = compaction_note(1, Compaction("tool", "tool", 0, "s", 3, ["x"], ["x"]))
+    assert "by the policy's compact call" in tool and "(all)" in tool
