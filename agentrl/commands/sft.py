@@ -28,10 +28,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override one config setting")
     for name in ("num_steps", "rows_per_step", "num_demonstrations", "hidden_size",
-                 "num_layers", "vocab_size", "warmup_steps", "seed"):
+                 "num_layers", "vocab_size", "warmup_steps", "copy_steps", "seed"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int,
                             default=getattr(defaults, name), dest=name)
     parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
+    parser.add_argument("--copy-lr", type=float, default=defaults.copy_lr, dest="copy_lr",
+                        help="learning rate of the copy pretraining (--copy-steps)")
+    parser.add_argument("--strategies", default="", metavar="S1,S2",
+                        help="compaction strategies to play the demonstrations under, each "
+                             "an equal share (e.g. tool,summarize); default: the config's")
+    parser.add_argument("--chat-template", default=defaults.chat_template, dest="chat_template",
+                        choices=("qwen2.5", "compact"),
+                        help="chat template of a new tiny model (compact: one line per tool)")
     parser.add_argument("--lr-schedule", default=defaults.lr_schedule, dest="lr_schedule",
                         choices=("cosine", "linear", "constant"),
                         help="after warm-up: decay to 0 at the last step, or constant")
@@ -46,7 +54,10 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     trajectories = load_trajectories(args.demonstrations)
-    ws = WarmStartConfig(**{f: getattr(args, f) for f in WarmStartConfig.__struct_fields__})
+    fields = {f: getattr(args, f) for f in WarmStartConfig.__struct_fields__
+              if f != "strategies"}
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    ws = WarmStartConfig(**fields, strategies=strategies)
     out = warm_start(config, args.out, ws, base=args.base, trajectories=trajectories)
     print(f"wrote {out}")
     return 0

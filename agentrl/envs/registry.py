@@ -52,8 +52,10 @@ BUILTINS = {
     "agentrl/Calculator-v0": "environments.calculator:CalculatorEnv",
     "agentrl/KVStore-v0": "environments.kvstore:KVStoreEnv",
     "agentrl/Python-v0": "environments.python:PythonEnv",
+    "agentrl/Ledger-v0": "environments.ledger:LedgerEnv",
 }
-"""Built-in ids and their entry points (KVStore is the long-horizon environment)."""
+"""Built-in ids and their entry points (Ledger and KVStore are the long-horizon ones: in
+Ledger facts must survive compaction, in KVStore only the last turn matters)."""
 
 
 def register_builtins() -> None:

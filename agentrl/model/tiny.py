@@ -27,7 +27,7 @@ from tokenizers import (
 )
 
 from agentrl.model.args import ModelArgs
-from agentrl.model.chat_template import QWEN25_CHAT_TEMPLATE
+from agentrl.model.chat_template import CHAT_TEMPLATES
 from agentrl.model.checkpoint import DTYPE_NAMES, save_pretrained
 from agentrl.model.model import CausalLM
 from agentrl.model.tokenizer import Tokenizer as ChatTokenizer
@@ -105,8 +105,12 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
-def tokenizer_config(tok: Tokenizer, max_length: int) -> dict:
-    """tokenizer_config.json for a tiny tokenizer: Qwen2.5's conventions (eos = <|im_end|>)."""
+def tokenizer_config(tok: Tokenizer, max_length: int, chat_template: str = "qwen2.5") -> dict:
+    """tokenizer_config.json for a tiny tokenizer: Qwen2.5's conventions (eos = <|im_end|>),
+    with the named template of ``CHAT_TEMPLATES``."""
+    if chat_template not in CHAT_TEMPLATES:
+        raise ValueError(f"chat template {chat_template!r}: choose one of "
+                         f"{sorted(CHAT_TEMPLATES)}")
     decoder = {}
     for token in (*SPECIAL_TOKENS, *TOOL_TOKENS):
         decoder[str(tok.token_to_id(token))] = {
@@ -125,7 +129,7 @@ def tokenizer_config(tok: Tokenizer, max_length: int) -> dict:
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
         "unk_token": None,
-        "chat_template": QWEN25_CHAT_TEMPLATE,
+        "chat_template": CHAT_TEMPLATES[chat_template],
         "clean_up_tokenization_spaces": False,
         "model_max_length": max_length,
         "split_special_tokens": False,
@@ -134,12 +138,13 @@ def tokenizer_config(tok: Tokenizer, max_length: int) -> dict:
 
 
 def tiny_tokenizer(seed: int = 0, vocab_size: int = 512, corpus: Iterable[str] | None = None,
-                   max_position_embeddings: int = 4096) -> ChatTokenizer:
+                   max_position_embeddings: int = 4096,
+                   chat_template: str = "qwen2.5") -> ChatTokenizer:
     """The tokenizer (with its chat template) that ``build_tiny_checkpoint`` writes for the
     same arguments, without writing anything: what ``agentrl plan`` measures prompts with
     when ``model.path`` is empty."""
     raw = build_tokenizer(corpus if corpus is not None else default_corpus(seed), vocab_size)
-    return ChatTokenizer(raw, tokenizer_config(raw, max_position_embeddings))
+    return ChatTokenizer(raw, tokenizer_config(raw, max_position_embeddings, chat_template))
 
 
 def build_tiny_checkpoint(
@@ -155,8 +160,10 @@ def build_tiny_checkpoint(
     dtype: torch.dtype = torch.float32,
     tie_word_embeddings: bool = True,
     max_position_embeddings: int = TINY_MAX_POSITIONS,
+    chat_template: str = "qwen2.5",
 ) -> Path:
-    """Write a randomly initialised HF checkpoint folder; deterministic given the arguments."""
+    """Write a randomly initialised HF checkpoint folder; deterministic given the arguments
+    (``chat_template``: a name of ``agentrl.model.chat_template.CHAT_TEMPLATES``)."""
     if hidden_size % num_heads or num_heads % num_kv_heads:
         raise ValueError(
             f"hidden_size {hidden_size} must divide by num_heads {num_heads}, and num_heads "
@@ -164,7 +171,7 @@ def build_tiny_checkpoint(
         )
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = tiny_tokenizer(seed, vocab_size, corpus, max_position_embeddings)
+    tokenizer = tiny_tokenizer(seed, vocab_size, corpus, max_position_embeddings, chat_template)
     tok = tokenizer.raw
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer.config, indent=2))

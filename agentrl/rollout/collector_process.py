@@ -72,9 +72,10 @@ class ProcessCollector:
         """Replicas that loaded the checkpoint of step ``version`` serve it."""
         self._call("adopt_version", version)
 
-    def evaluate(self, num_tasks: int) -> dict[str, float]:
-        """Accuracy per environment on ``num_tasks`` held-out tasks, by the child's engine
-        (sharing it with the generation running ahead, as the thread collector does)."""
+    def evaluate(self, num_tasks: int) -> dict[str, list[float]]:
+        """Per environment, the correctness of each of ``num_tasks`` held-out tasks, by
+        the child's engine (sharing it with the generation running ahead, as the thread
+        collector does)."""
         return self._call("evaluate", num_tasks)
 
     def close(self) -> None:
@@ -215,11 +216,11 @@ class _RolloutSide:
             return None
         raise ValueError(f"unknown call '{kind}' to the rollout collector process")
 
-    def _evaluate(self, num_tasks: int) -> dict[str, float]:
-        from agentrl.rollout.evaluation import evaluate
+    def _evaluate(self, num_tasks: int) -> dict[str, list[float]]:
+        from agentrl.rollout.evaluation import evaluate_tasks
 
         def make() -> Any:
-            return evaluate(self.engine, self.tokenizer, self.config, num_tasks)
+            return evaluate_tasks(self.engine, self.tokenizer, self.config, num_tasks)
 
         done, accuracy = self.collector.run_on_loop(make)
         return accuracy if done else self._loop.run_until_complete(make())

@@ -16,34 +16,49 @@ import msgspec
 from agentrl.config import Config, ConfigError, EnvironmentConfig
 from agentrl.engines.interface import Generation, SamplingParams
 from agentrl.envs.demonstrations import Policy, ReplayPolicy, demonstration_policies
+from agentrl.envs.tools import format_call
+from agentrl.rollout.compact_tool import COMPACT_TOOL
+from agentrl.rollout.compaction import SUMMARY_REQUEST
 from agentrl.sampler import EnvironmentSampler, TaskDraw
 from agentrl.types import Rollout
 
 
 class DemoEngine:
-    """An ``InferenceEngine`` whose replies are the scripted policy's text (log-probs 0)."""
+    """An ``InferenceEngine`` whose replies are the scripted policy's text (log-probs 0).
 
-    def __init__(self, tokenizer: Any) -> None:
-        """The tokenizer encodes the policy's text into the reply's ids."""
+    Compaction by summary is played too: a summary request (strategy ``summarize``, or
+    the tool strategy's fallback) is answered with ``env.demonstrate_summary(history,
+    forced=True)``; with strategy ``tool``, before each new action the environment is
+    asked whether to compact now (``forced=False``) and a summary becomes a ``compact``
+    call.
+    """
+
+    def __init__(self, tokenizer: Any, strategy: str = "none") -> None:
+        """The tokenizer encodes the policy's text into the reply's ids; ``strategy`` is
+        ``compaction.strategy``."""
         self.tokenizer = tokenizer
+        self.strategy = strategy
         self.playing: dict[str, tuple[str, Any, Policy]] = {}
         """Rollout id → (environment name, environment, policy): filled by the runner's
         factory as it builds each rollout's instance (``episode.CURRENT_ROLLOUT``); the
         engine's requests carry the rollout id as their key."""
+        self.asked_at: dict[str, int] = {}
+        """Rollout id → history length when the tool strategy last asked to compact."""
 
     weight_version = 0
     """A script has one version."""
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        key: str | None = None) -> Generation:
-        """Ask this rollout's policy; encode its reply plus the end-of-turn token.
+        """Ask this rollout's policy (or its summary hook); encode its reply plus the
+        end-of-turn token.
 
         A policy that fails, returns nothing, or writes more than ``max_tokens`` raises
         ValueError, which the runner turns into an invalid rollout with that reason.
         """
         name, env, policy = self.playing[key]
         try:
-            text = policy(env)
+            text = self._reply(key, prompt_ids, env, policy)
         except Exception as exc:  # a bug in a scripted policy: report it, do not crash
             raise ValueError(f"{name}: the demonstration raised {type(exc).__name__}: "
                              f"{exc}") from exc
@@ -54,9 +69,35 @@ class DemoEngine:
         if len(ids) > params.max_tokens - 1:
             raise ValueError(f"{name}: a demonstration message is {len(ids)} tokens, over the "
                              f"{params.max_tokens - 1} a turn allows; raise "
-                             "rollout.max_new_tokens (or rollout.max_rollout_tokens)")
+                             "rollout.max_new_tokens (or rollout.max_rollout_tokens, "
+                             "compaction.summary_max_tokens)")
         ids.append(self.tokenizer.eos_token_id)
         return Generation(ids, [0.0] * len(ids), "stop")
+
+    def _reply(self, key: str, prompt_ids: list[int], env: Any, policy: Policy) -> str | None:
+        """The summary asked for, a ``compact`` call the environment wants now, or the
+        policy's next action."""
+        if self._asks_for_summary(prompt_ids):
+            # the request comes before the newest tool result: summarize what was seen
+            seen = env.history[: max(i for i, m in enumerate(env.history)
+                                     if m.role == "assistant") + 1]
+            summary = getattr(env, "demonstrate_summary", lambda *_: None)(seen, True)
+            if summary is None:
+                raise ValueError("a summary was asked for and demonstrate_summary(messages, "
+                                 "forced=True) returned None; implement it to warm-start "
+                                 "compaction by summary")
+            return summary
+        if self.strategy == "tool" and self.asked_at.get(key) != len(env.history):
+            self.asked_at[key] = len(env.history)
+            summary = getattr(env, "demonstrate_summary", lambda *_: None)(env.history, False)
+            if summary is not None:
+                return format_call(COMPACT_TOOL, summary=summary)
+        return policy(env)
+
+    def _asks_for_summary(self, prompt_ids: list[int]) -> bool:
+        """Whether the prompt ends with the summary request (the summarize compactor)."""
+        tail = self.tokenizer.decode(prompt_ids[-4 * len(SUMMARY_REQUEST):])
+        return SUMMARY_REQUEST in tail[-2 * len(SUMMARY_REQUEST):]
 
     def update_weights(self, named_tensors: Any, version: int | None = None) -> None:
         """Nothing to update: the policy is a script."""
@@ -95,12 +136,6 @@ async def play_demonstrations(
     from agentrl.rollout.episode import CURRENT_ROLLOUT
     from agentrl.rollout.runner import RolloutRunner
 
-    if config.compaction.strategy == "summarize":
-        raise ConfigError(
-            'compaction.strategy = "summarize" asks the model for a summary, and a '
-            "demonstration has none to give (its scripted reply would be trained on as the "
-            'summary); warm-start with --set compaction.strategy="drop_oldest", then train '
-            "with summarize")
     policies = policies if policies is not None else demonstration_policies(config)
     single = msgspec.structs.replace(
         config,
@@ -108,7 +143,7 @@ async def play_demonstrations(
         environments=[msgspec.structs.replace(e, group_size=1) for e in config.environments],
     )
 
-    engine = DemoEngine(tokenizer)
+    engine = DemoEngine(tokenizer, config.compaction.strategy)
 
     def make_env(env_config: EnvironmentConfig) -> Any:
         env = make(env_config.id, **env_config.kwargs)

@@ -51,13 +51,26 @@ async def evaluate(
     engine: Any, tokenizer: Any, config: Config, num_tasks: int, temperature: float = 0.0
 ) -> dict[str, float]:
     """Accuracy of the engine's policy on ``num_tasks`` held-out tasks of each environment."""
+    return accuracy_of(await evaluate_tasks(engine, tokenizer, config, num_tasks, temperature))
+
+
+async def evaluate_tasks(
+    engine: Any, tokenizer: Any, config: Config, num_tasks: int, temperature: float = 0.0
+) -> dict[str, list[float]]:
+    """Per environment, 1.0 or 0.0 for each of its ``num_tasks`` held-out tasks in order
+    (task i is ``reset(seed=i, options={"split": "eval"})``): what paired comparisons
+    between runs resample."""
     rollouts = await eval_rollouts(engine, tokenizer, config, num_tasks, temperature)
-    accuracy = {}
+    outcomes: dict[str, list[float]] = {}
     for env in config.environments:
         name = env.display_name()
-        mine = [r for r in rollouts if r.env == name]
-        accuracy[name] = sum(map(is_correct, mine)) / len(mine) if mine else 0.0
-    return accuracy
+        outcomes[name] = [is_correct(r) for r in rollouts if r.env == name]
+    return outcomes
+
+
+def accuracy_of(outcomes: dict[str, list[float]]) -> dict[str, float]:
+    """Mean correctness per environment (0.0 for an environment with no task)."""
+    return {name: sum(v) / len(v) if v else 0.0 for name, v in outcomes.items()}
 
 
 async def eval_rollouts(

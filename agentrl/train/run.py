@@ -40,6 +40,7 @@ from agentrl.train.optimizer import build_optimizer, build_scheduler
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TRAINED_ROLLOUTS_FILE = "trained_rollouts.jsonl"
+EVAL_TASKS_FILE = "eval_tasks.jsonl"
 
 
 @dataclass
@@ -77,6 +78,8 @@ class Run:
     """Writes sampled rollouts as transcripts."""
     trained_log: Any = None
     """``RUN_DIR/trained_rollouts.jsonl``: which rollouts every step trained."""
+    eval_log: Any = None
+    """``RUN_DIR/eval_tasks.jsonl``: every validation's outcome per held-out task."""
 
     @property
     def rank(self) -> int:
@@ -120,24 +123,31 @@ class Run:
 
     def validate(self, step: int) -> dict[str, float]:
         """Accuracy per environment on held-out tasks (``eval/<name>/accuracy``), computed
-        by rank 0 while the other ranks wait; {} on other ranks."""
+        by rank 0 while the other ranks wait; {} on other ranks. Each task's outcome goes
+        to ``RUN_DIR/eval_tasks.jsonl`` (paired comparisons between runs resample them)."""
+        from agentrl.rollout.evaluation import accuracy_of
+
         def work() -> dict[str, float]:
             start = time.perf_counter()
-            accuracy = self.evaluate_policy(self.config.train.eval_tasks_per_env)
-            return {**eval_metrics(accuracy), "time/eval": time.perf_counter() - start}
+            outcomes = self.evaluate_policy(self.config.train.eval_tasks_per_env)
+            if self.eval_log is not None:
+                self.eval_log.write({"step": step, "tasks": outcomes})
+            return {**eval_metrics(accuracy_of(outcomes)),
+                    "time/eval": time.perf_counter() - start}
 
         return self.on_main(f"validation/{step}", work) or {}
 
-    def evaluate_policy(self, num_tasks: int) -> dict[str, float]:
-        """Rank 0: accuracy per environment on ``num_tasks`` held-out tasks, by the engine
-        wherever it runs (in the collector's process when it has one)."""
+    def evaluate_policy(self, num_tasks: int) -> dict[str, list[float]]:
+        """Rank 0: per environment, the correctness of each of ``num_tasks`` held-out
+        tasks, by the engine wherever it runs (in the collector's process when it has
+        one)."""
         from agentrl.rollout.collector_process import ProcessCollector
-        from agentrl.rollout.evaluation import evaluate
+        from agentrl.rollout.evaluation import evaluate_tasks
 
         if isinstance(self.collector, ProcessCollector):
             return self.collector.evaluate(num_tasks)
         return self.run_on_engine_loop(
-            lambda: evaluate(self.engine, self.tokenizer, self.config, num_tasks))
+            lambda: evaluate_tasks(self.engine, self.tokenizer, self.config, num_tasks))
 
     def write_rollout_sample(self, step: int, rollouts: list[Any], rows: list[Any],
                              advantages: list[float]) -> dict[str, float]:
@@ -202,8 +212,9 @@ class Run:
         """Stop the collector (discarding in-flight generations) and close the logs."""
         if self.collector is not None:
             self.collector.close()
-        if self.trained_log is not None:
-            self.trained_log.close()
+        for log in (self.trained_log, self.eval_log):
+            if log is not None:
+                log.close()
         self.writers.close()
 
 
@@ -301,6 +312,7 @@ def _main_side(config: Config, run_dir: Path, model: Any, model_dir: Path,
                                  config.log.tensorboard, resume_step=resume_step),
         "rollout_log": build_rollout_log(config, run_dir, tokenizer, resume_step),
         "trained_log": JsonlWriter(run_dir / TRAINED_ROLLOUTS_FILE, resume_step=resume_step),
+        "eval_log": JsonlWriter(run_dir / EVAL_TASKS_FILE, resume_step=resume_step),
     }
 
 

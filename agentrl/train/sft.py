@@ -16,6 +16,7 @@ import random
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import torch
@@ -25,7 +26,7 @@ from agentrl.envs.demonstrations import Policy, Trajectory, demonstration_polici
 from agentrl.packing import collate, pack
 from agentrl.reassembler import to_rows
 from agentrl.rollout.demonstrations import play_demonstrations
-from agentrl.types import Row
+from agentrl.types import Rollout, Row
 
 # --------------------------------------------------------------------------- training
 
@@ -99,16 +100,29 @@ class WarmStartConfig(msgspec.Struct, kw_only=True):
     """Tiny model width, when no model.path is given."""
     num_layers: int = 2
     vocab_size: int = 1024
+    copy_steps: int = 0
+    """Steps of copy pretraining (``agentrl.train.copy_pretrain``) before the
+    demonstrations, for a tiny model from random weights that must carry facts (a
+    tool's result, an entry across a compaction): ~2,000 steps form the circuit."""
+    copy_lr: float = 1e-3
+    strategies: list[str] = []
+    """Compaction strategies to play the demonstrations under, each an equal share (e.g.
+    ["tool", "summarize"]: one warm start that knows both); empty: the config's."""
+    chat_template: str = "qwen2.5"
+    """The new tiny model's chat template: "qwen2.5", or "compact" (one line per tool
+    instead of Qwen2.5's ~150-token tool preamble: for small context budgets)."""
     seed: int = 0
 
 
 def tokenizer_corpus(config: Config, num_rollouts: int = 300,
-                     policies: dict[str, Policy] | None = None) -> list[str]:
+                     policies: dict[str, Policy] | None = None,
+                     chat_template: str = "qwen2.5") -> list[str]:
     """Text of demonstration episodes, so the tiny tokenizer has merges for the task text
     (prompts of a few hundred tokens instead of over a thousand)."""
     from agentrl.model import build_tiny_checkpoint, load_tokenizer
     from agentrl.model.tiny import default_corpus
 
+    extra = compaction_texts(config) * 300
     # the bootstrap tokenizer makes long prompts and messages: no compaction and no token
     # limits, so no episode is cut short
     config = msgspec.structs.replace(
@@ -116,11 +130,62 @@ def tokenizer_corpus(config: Config, num_rollouts: int = 300,
         rollout=msgspec.structs.replace(config.rollout, max_rollout_tokens=4096,
                                         max_new_tokens=4096))
     with tempfile.TemporaryDirectory() as tmp:
-        bootstrap = load_tokenizer(build_tiny_checkpoint(Path(tmp) / "bootstrap"))
+        bootstrap = load_tokenizer(build_tiny_checkpoint(Path(tmp) / "bootstrap",
+                                                         chat_template=chat_template))
         rollouts = asyncio.run(play_demonstrations(config, bootstrap, num_rollouts, seed=12345,
                                                    policies=policies))
         texts = [bootstrap.decode(s.token_ids) for r in rollouts for s in r.segments]
-    return list(default_corpus(0)) + texts * 3
+    return list(default_corpus(0)) + texts * 3 + extra
+
+
+def compaction_texts(config: Config) -> list[str]:
+    """The text compaction adds to contexts (the drop marker, the ``compact`` tool's
+    schema, the summary request), which the corpus's uncompacted episodes never show."""
+    import json
+
+    from agentrl.rollout.compact_tool import COMPACT_SCHEMA
+    from agentrl.rollout.compaction import SUMMARY_PREFIX, SUMMARY_REQUEST, marker_message
+
+    compaction = config.compaction
+    texts = [marker_message(n)["content"] for n in range(1, 10)]
+    if compaction.strategy in ("none", "truncate"):
+        return []
+    if compaction.strategy == "tool":
+        texts.append(json.dumps(COMPACT_SCHEMA))
+    if compaction.asks_for_summary:
+        texts += [SUMMARY_REQUEST, SUMMARY_PREFIX]
+    return texts
+
+
+def under_strategies(config: Config, strategies: list[str]) -> list[Config]:
+    """The config once per compaction strategy (itself when ``strategies`` is empty)."""
+    import typing
+
+    from agentrl.config import CompactionConfig, ConfigError
+
+    known = typing.get_args(typing.get_type_hints(CompactionConfig)["strategy"])
+    for strategy in strategies:
+        if strategy not in known:
+            raise ConfigError(f"--strategies: unknown compaction strategy {strategy!r}; "
+                              f"choose among {', '.join(known)}")
+    return [msgspec.structs.replace(config, compaction=msgspec.structs.replace(
+        config.compaction, strategy=s)) for s in strategies] or [config]
+
+
+def demonstrations_under(config: Config, ws: WarmStartConfig, tokenizer: Any,
+                         policies: dict[str, Policy], log: Callable[[str], None]
+                         ) -> list[Rollout]:
+    """Correct demonstrations, ``ws.num_demonstrations`` split evenly over the strategies
+    of ``ws.strategies`` (the config's own when empty)."""
+    configs = under_strategies(config, ws.strategies)
+    rollouts: list[Rollout] = []
+    for index, each in enumerate(configs):
+        if len(configs) > 1:
+            log(f"compaction.strategy = {each.compaction.strategy!r}:")
+        rollouts += asyncio.run(play_demonstrations(
+            each, tokenizer, ws.num_demonstrations // len(configs), ws.seed + index,
+            policies=policies, log=log))
+    return rollouts
 
 
 def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str | None = None,
@@ -145,12 +210,18 @@ def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str |
         source = Path(base) if base else build_tiny_checkpoint(
             Path(tmp) / "base", hidden_size=ws.hidden_size, num_layers=ws.num_layers,
             num_heads=max(1, ws.hidden_size // 32), num_kv_heads=max(1, ws.hidden_size // 64),
-            vocab_size=ws.vocab_size, corpus=tokenizer_corpus(config, policies=policies),
-            seed=ws.seed)
+            vocab_size=ws.vocab_size, corpus=[text for each in under_strategies(
+                config, ws.strategies) for text in tokenizer_corpus(
+                each, policies=policies, chat_template=ws.chat_template)],
+            seed=ws.seed, chat_template=ws.chat_template)
         model = load_pretrained(source)
         tokenizer = load_tokenizer(source)
-        rollouts = asyncio.run(play_demonstrations(config, tokenizer, ws.num_demonstrations,
-                                                   ws.seed, policies=policies, log=log))
+        if ws.copy_steps:
+            from agentrl.train.copy_pretrain import copy_pretrain
+
+            copy_pretrain(model, tokenizer.raw.get_vocab_size(with_added_tokens=False),
+                          ws.copy_steps, ws.copy_lr, ws.seed, log)
+        rollouts = demonstrations_under(config, ws, tokenizer, policies, log)
         rows = to_rows(rollouts)
         log(f"{len(rollouts)} demonstrations, {len(rows)} rows, "
             f"{sum(r.num_generated_tokens for r in rows)} generated tokens")

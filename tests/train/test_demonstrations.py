@@ -111,11 +111,38 @@ def test_demonstrations_are_compacted_like_training_rollouts(tokenizer):
     assert "earlier turn(s) were removed" in later  # the compacted context was trained on
 
 
-def test_summarizing_compaction_is_refused_since_a_script_writes_no_summary(tokenizer):
+def test_a_summarizing_warm_start_needs_the_environments_summaries(tokenizer):
     cfg = config({"id": "agentrl/KVStore-v0", "name": "kv"},
                  compaction={"strategy": "summarize", "max_context_tokens": 760})
-    with pytest.raises(ConfigError, match='--set compaction.strategy="drop_oldest"'):
+    with pytest.raises(ConfigError, match=r"demonstrate_summary\(messages, forced=True\)"):
         play(cfg, tokenizer, 4)
+
+
+@pytest.mark.parametrize("strategy", ["summarize", "tool"])
+def test_summaries_are_demonstrated_and_keep_every_entry(tokenizer, strategy):
+    """Ledger's scripted summaries (asked for by the budget, or written into compact calls)
+    carry every entry seen so far; the summary tokens are trained (loss mask 1)."""
+    cfg = config({"id": "agentrl/Ledger-v0", "name": "ledger",
+                  "kwargs": {"num_pages": 6, "num_facts": 3, "filler_words": 6}},
+                 rollout={"max_new_tokens": 96, "max_turns": 30, "max_rollout_tokens": 4000},
+                 compaction={"strategy": strategy, "max_context_tokens": 900,
+                             "keep_last_turns": 0, "max_compactions": 12,
+                             "summary_max_tokens": 96})
+    rollouts, _ = play(cfg, tokenizer, 3)
+    assert len(rollouts) == 3 and all(r.reward == 1.0 for r in rollouts)
+    for rollout in rollouts:
+        compactions = rollout.stats.compactions
+        assert compactions and all(c.facts_kept == c.facts_revealed for c in compactions)
+        if strategy == "tool":
+            assert {c.cause for c in compactions} >= {"tool"}
+        else:
+            assert {c.cause for c in compactions} == {"budget"}
+        summaries = [c.summary for c in compactions]
+        assert all(s.startswith("Kept: ") for s in summaries)
+        trained = "".join(tokenizer.decode([t for t, m in zip(s.token_ids, s.loss_mask,
+                                                                strict=True) if m])
+                          for s in rollout.segments)
+        assert all(s in trained for s in summaries)
 
 
 def test_a_jsonl_of_trajectories_demonstrates_an_environment_without_a_policy(
