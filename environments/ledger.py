@@ -14,12 +14,15 @@ Reward: the share of entry words given in their right place; ``correct`` (held-o
 accuracy) needs all of them. ``needed_facts()`` names the entries, so the run measures
 how many of them each compaction kept.
 
-Scripted policy (``demonstrate``): read until the last page, then answer with every
-entry; ``demonstrate_summary`` writes ``Kept: w1 w2.`` and, for the ``compact`` tool,
-compacts right after each page that held an entry. The summary's own marker ("Kept:",
-not the pages' "Entry:") lets a small model tell the kept entries from the last page's
-when it answers: with the pages' marker reused, a 2-layer model answered every first
-entry with one constant word. Difficulty knobs: ``num_pages``
+Scripted policy (``demonstrate``): read until the last page, then answer
+``<answer>Kept: w1 w2. Entry: w3.</answer>`` (the grader skips the labels "Kept" and
+"Entry", so ``<answer>w1 w2 w3</answer>`` is graded the same); ``demonstrate_summary``
+writes ``Kept: w1 w2.`` and, for the ``compact`` tool, compacts right after each page
+that held an entry. The labels make every word of the answer a copy of the word that
+followed the same label earlier (the summary's "Kept:", the last page's "Entry:"): a
+2-layer model trained to answer the bare words never learned to pick the first one out
+of the summary (it answered one constant word, for 3 SFT recipes), while it copied
+after a repeated label from the start. Difficulty knobs: ``num_pages``
 (reads per episode), ``num_facts``, ``filler_words`` (per page), ``num_words`` (entry
 vocabulary), ``distractors`` (words of another list mixed into the filler).
 """
@@ -45,6 +48,8 @@ FILLER = ("sum", "paid", "due", "stock", "note", "carried", "total", "fee", "ren
 DISTRACTORS = ("copper", "silver", "cobalt", "indigo", "scarlet", "russet")
 """Words that look like entries but are filler (never an answer)."""
 _ENTRY = re.compile(r"Entry: (\w+)")
+MARKERS = ("kept", "entry")
+"""Words an answer may use to label its entries; grading skips them."""
 LAST_PAGE = "This is the last page."
 NO_MORE = "There are no more pages. Reply with your answer."
 
@@ -113,7 +118,8 @@ class LedgerEnv(AgentEnv):
         """The share of entry words in their right place; ``correct`` needs all."""
         assert self.task is not None
         words = self.task.answer["words"]
-        given = re.findall(r"[a-z]+", (last_tagged(answer) or answer).lower())
+        given = [w for w in re.findall(r"[a-z]+", (last_tagged(answer) or answer).lower())
+                 if w not in MARKERS]
         right = sum(1 for i, w in enumerate(words) if i < len(given) and given[i] == w)
         correct = float(right == len(words) and len(given) == len(words))
         return Grade(right / len(words), {"correct": correct, "pages_read": float(
@@ -128,7 +134,9 @@ class LedgerEnv(AgentEnv):
         """Read until the last page has been read, then answer with every entry."""
         tools = [m.content for m in messages if m.role == "tool"]
         if tools and (LAST_PAGE in tools[-1] or NO_MORE in tools[-1]):
-            return f"<answer>{' '.join(_entries(messages))}</answer>"
+            *kept, last = _entries(messages)
+            head = f"Kept: {' '.join(kept)}. " if kept else ""
+            return f"<answer>{head}Entry: {last}.</answer>"
         return format_call("read")
 
     def demonstrate_summary(self, messages: list[Message], forced: bool) -> str | None:

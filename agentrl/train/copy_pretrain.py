@@ -39,14 +39,16 @@ def copy_rows(rng: random.Random, num_tokens: int, batch_size: int = 16,
 
 
 def copy_pretrain(model: torch.nn.Module, num_tokens: int, num_steps: int, lr: float = 1e-3,
-                  seed: int = 0, log: Callable[[str], None] = print) -> float:
+                  seed: int = 0, log: Callable[[str], None] = print, max_span: int = 24,
+                  max_gap: int = 60) -> float:
     """Train ``model`` on the copy task for ``num_steps`` steps over token ids below
-    ``num_tokens`` (the tokenizer's ordinary tokens); returns the last loss per token."""
+    ``num_tokens`` (the tokenizer's ordinary tokens), spans of 4 to ``max_span`` ids after
+    gaps of up to ``max_gap``; returns the last loss per token."""
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     loss_value = float("nan")
     for step in range(num_steps):
-        rows = copy_rows(rng, num_tokens)
+        rows = copy_rows(rng, num_tokens, max_span=max_span, max_gap=max_gap)
         batch = collate(rows, [0.0] * len(rows), list(range(len(rows))))
         logprobs = model(batch.input_ids, batch.position_ids, batch.cu_seqlens,
                          targets=batch.target_ids).logprobs
