@@ -111,6 +111,7 @@ def train_step(run: Run, step: int,
                        collection.first_errors)
     with timer("other"):
         rollouts = ordered(collection.rollouts)
+        check_collection_size(len(rollouts), run.plan.num_rollouts, collection.stale_dropped)
         rows = to_rows(rollouts)
         advantages = compute_advantages(
             rows, run.config.advantage.estimator, run.config.advantage.scale_by_std
@@ -140,6 +141,19 @@ def train_step(run: Run, step: int,
     metrics.update(cumulative(run.state))
     metrics.update({f"time/{phase}": s for phase, s in timer.seconds.items()})
     return metrics
+
+
+def check_collection_size(num_rollouts: int, planned: int,
+                          stale_dropped: dict[str, int]) -> None:
+    """Refuse to train a collection that is not the batch plan's (invariant 7): the
+    updates would silently hold other than ``global_batch_size`` rollouts each. Only the
+    staleness bound may take rollouts out (whole groups, counted and warned about)."""
+    expected = planned - sum(stale_dropped.values())
+    if num_rollouts != expected:
+        raise RuntimeError(
+            f"the collection holds {num_rollouts} rollouts but the batch plan has {planned}"
+            + (f" ({planned - expected} dropped as too stale)" if stale_dropped else "")
+            + "; this is a bug in the runner (it must bring exactly the planned groups)")
 
 
 def ordered(rollouts: list[Rollout]) -> list[Rollout]:
