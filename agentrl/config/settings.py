@@ -42,8 +42,12 @@ class ModelConfig(_Section):
     gradients, their reduction over ranks and the optimizer state are always float32
     (FSDP2 mixed precision); log-probs and the loss are float32. "auto": bfloat16 on a
     GPU (flash-attn needs it), float32 on the CPU."""
-    attention: Literal["auto", "flash", "torch"] = "auto"
-    """Varlen attention backend: flash-attn when importable on a GPU ("auto"), else PyTorch."""
+    attention: Literal["auto", "varlen", "flash", "torch"] = "auto"
+    """Varlen attention backend. "auto": torch's own varlen kernel
+    (`torch.nn.attention.varlen`, flash kernels, nothing to build) on a GPU of compute
+    capability 8.0+ in bf16/fp16, else the exact per-row PyTorch path (the run prints
+    which and why). "varlen": that kernel or an error; "flash": flash-attn (the optional
+    `agentrl[flash]` extra) or an error; "torch": the per-row path everywhere."""
 
 
 class BatchConfig(_Section):
@@ -301,8 +305,10 @@ class TrainConfig(_Section):
     deterministic: bool = False
     """Results that do not depend on batching or timing, so a resume is bit-exact: the
     torch engine decodes batch-invariantly (every slot, whole span, every step) and a
-    collection keeps groups in launch order. Needs rollout.engine = "torch"; slower
-    decoding (bench/batch_invariance.py). Off: a resume loses no rollout and trains none
+    collection keeps groups in launch order. On a GPU also deterministic kernels
+    (`torch.use_deterministic_algorithms`, which torch's flash-attention backward obeys;
+    flash-attn's `deterministic=True`): an op without one then raises. Needs
+    rollout.engine = "torch"; slower decoding (bench/batch_invariance.py). Off: a resume loses no rollout and trains none
     twice, counters and metrics continue exactly, and the weights continue from the
     checkpoint, but the samples after it may differ in the last bits (docs/resume.md)."""
     collective_timeout_s: PositiveFloat | None = None

@@ -38,7 +38,7 @@ from agentrl.observe.metrics import (
     rollout_figures,
     step_stats,
 )
-from agentrl.packing import MicroBatch, collate, plan_micro_batches
+from agentrl.packing import MicroBatch, collate, copy_to_device, plan_micro_batches
 from agentrl.parallel import groups
 from agentrl.parallel.fsdp import clip_grad_norm
 from agentrl.reassembler import to_rows
@@ -274,8 +274,8 @@ def mismatch_sums(micro_batches: list[MicroBatch], scored: list[Any]) -> torch.T
     device = scored[0].device if scored else None
     sums = torch.zeros(2, dtype=torch.float64, device=device)
     for mb, lp in zip(micro_batches, scored, strict=True):
-        mask = mb.loss_mask.to(lp.device)
-        sums[0] += ((lp - mb.engine_logprobs.to(lp.device)).abs() * mask).sum()
+        mask, engine = copy_to_device([mb.loss_mask, mb.engine_logprobs], lp.device)
+        sums[0] += ((lp - engine).abs() * mask).sum()
         sums[1] += mask.sum()
     return sums
 

@@ -69,9 +69,11 @@ def _device_of(model: nn.Module) -> torch.device:
 
 
 def head_positions(mb: MicroBatch) -> Tensor:
-    """Flat indices of the micro-batch's generated tokens (its loss mask), found where the
-    mask lives (the host, before ``mb.to(device)``): on a GPU this would wait for the
-    queued work at every micro-batch."""
+    """Flat indices of the micro-batch's generated tokens (its loss mask): ``collate``
+    found them on the host (on a GPU a ``nonzero`` would wait for the queued work at
+    every micro-batch); found here for a micro-batch built otherwise."""
+    if mb.head_positions is not None:
+        return mb.head_positions
     return mb.loss_mask.reshape(-1).nonzero().squeeze(-1)
 
 
@@ -87,7 +89,8 @@ def target_scores(model: nn.Module, mb: MicroBatch, temperature: float = 1.0,
     if positions is None:
         positions = head_positions(mb)
     return model(mb.input_ids, mb.position_ids, mb.cu_seqlens, targets=mb.target_ids,
-                 temperature=temperature, with_entropy=with_entropy, positions=positions)
+                 temperature=temperature, with_entropy=with_entropy, positions=positions,
+                 bounds=mb.bounds or None)
 
 
 def forward_backward(
@@ -118,9 +121,8 @@ def forward_backward(
     denominator = max(num_tokens, 1.0)
     sums = torch.zeros(len(_FIGURES) + 1, dtype=torch.float64, device=device)
     for mb in micro_batches:
-        positions = head_positions(mb)
-        mb = mb.to(device)
-        logprobs, token_entropy = target_scores(model, mb, temperature, positions=positions)
+        mb = mb.to(device)  # one copy, the head's positions with it; no sync below
+        logprobs, token_entropy = target_scores(model, mb, temperature)
         old = logprobs.detach() if old_is_current else mb.old_logprobs
         loss, parts = policy_loss(
             logprobs, old, mb.advantages, mb.loss_mask, denominator, cfg,
@@ -164,10 +166,8 @@ def score(
     device = _device_of(model)
     out = []
     for mb in micro_batches:
-        positions = head_positions(mb)
         mb = mb.to(device)
-        scores = target_scores(model, mb, temperature, with_entropy=False,
-                               positions=positions)
+        scores = target_scores(model, mb, temperature, with_entropy=False)
         out.append(scores.logprobs * mb.loss_mask)
     return out
 
@@ -177,9 +177,11 @@ def with_logprobs(
     field: Literal["old_logprobs", "ref_logprobs"] = "old_logprobs",
 ) -> list[MicroBatch]:
     """The micro-batches with a scoring pass's output as their old-policy log-probs (the
-    ratio's denominator) or as the reference model's (the KL term)."""
+    ratio's denominator) or as the reference model's (the KL term). The log-probs stay
+    where the scoring pass left them (the model's device): reading them back to the host
+    would wait for the GPU at every micro-batch."""
     return [
-        msgspec.structs.replace(mb, **{field: lp.to(mb.old_logprobs.device)})
+        msgspec.structs.replace(mb, **{field: lp})
         for mb, lp in zip(micro_batches, logprobs, strict=True)
     ]
 

@@ -33,22 +33,33 @@ def test_engine_logprob_mismatch_is_computed_on_the_scores_device() -> None:
 
 
 @pytest.mark.parametrize(("choice", "dtype", "device", "installed", "backend", "reason"), [
-    ("auto", torch.bfloat16, CUDA, True, "flash", "flash-attn varlen (bfloat16)"),
+    ("auto", torch.bfloat16, CUDA, False, "varlen", "torch varlen_attn (bfloat16)"),
+    ("auto", torch.bfloat16, CUDA, True, "varlen", "torch varlen_attn (bfloat16)"),
+    ("flash", torch.bfloat16, CUDA, True, "flash", "flash-attn varlen (bfloat16)"),
+    ("varlen", torch.float16, CUDA, False, "varlen", "torch varlen_attn (float16)"),
     ("auto", torch.float32, CUDA, True, "torch", "compute dtype is float32"),
     ("auto", torch.bfloat16, CPU, True, "torch", "runs on cpu"),
-    ("auto", torch.bfloat16, CUDA, False, "torch", "not installed"),
     ("torch", torch.bfloat16, CUDA, True, "torch", 'model.attention = "torch"'),
 ])
-def test_attention_takes_flash_whenever_the_compute_dtype_allows(choice, dtype, device,
-                                                                 installed, backend,
-                                                                 reason) -> None:
-    chosen, why = choose_backend(choice, dtype, device, flash_available=installed)
+def test_attention_takes_torch_varlen_on_a_gpu_without_building_anything(
+        choice, dtype, device, installed, backend, reason) -> None:
+    chosen, why = choose_backend(choice, dtype, device, flash_available=installed,
+                                 capability=(9, 0))
     assert chosen == backend and reason in why
 
 
-def test_asking_for_flash_where_it_cannot_run_is_an_error() -> None:
-    with pytest.raises(ValueError, match="flash-attn needs bfloat16"):
-        choose_backend("flash", torch.float32, CUDA, flash_available=True)
+def test_an_old_gpu_takes_the_per_row_path_and_says_why() -> None:
+    chosen, why = choose_backend("auto", torch.bfloat16, CUDA, capability=(7, 5))
+    assert chosen == "torch" and "compute capability is 7.5" in why
+
+
+def test_asking_for_a_kernel_where_it_cannot_run_is_an_error() -> None:
+    with pytest.raises(ValueError, match="kernels need bfloat16"):
+        choose_backend("flash", torch.float32, CUDA, flash_available=True, capability=(9, 0))
+    with pytest.raises(ValueError, match=r"pip install agentrl\[flash\] --no-build-isolation"):
+        choose_backend("flash", torch.bfloat16, CUDA, flash_available=False, capability=(9, 0))
+    with pytest.raises(ValueError, match="need a GPU"):
+        choose_backend("varlen", torch.bfloat16, CPU)
 
 
 def test_auto_compute_dtype_is_bf16_on_a_gpu_and_fp32_on_the_cpu() -> None:
