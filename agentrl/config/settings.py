@@ -308,9 +308,10 @@ class TrainConfig(_Section):
     collection keeps groups in launch order. On a GPU also deterministic kernels
     (`torch.use_deterministic_algorithms`, which torch's flash-attention backward obeys;
     flash-attn's `deterministic=True`): an op without one then raises. Needs
-    rollout.engine = "torch"; slower decoding (bench/batch_invariance.py). Off: a resume loses no rollout and trains none
-    twice, counters and metrics continue exactly, and the weights continue from the
-    checkpoint, but the samples after it may differ in the last bits (docs/resume.md)."""
+    rollout.engine = "torch"; slower decoding (bench/batch_invariance.py). Off: a resume
+    loses no rollout and trains none twice, counters and metrics continue exactly, and the
+    weights continue from the checkpoint, but the samples after it may differ in the last
+    bits (docs/resume.md)."""
     collective_timeout_s: PositiveFloat | None = None
     """Seconds any collective (all-reduce, all-gather, broadcast) may take before the job
     fails. None: derived above the rollout and validation budgets (see
@@ -332,6 +333,12 @@ class TrainConfig(_Section):
     """Positions per chunk when the training forward turns hidden states into log-probs
     (>= 1): the head's transient tensors are [chunk, vocabulary] (never [micro-batch,
     vocabulary])."""
+    gradient_sync: Literal["update", "micro_batch"] = "update"
+    """When gradients are reduce-scattered over the ranks (FSDP2): "update", once per
+    optimizer update, after its last micro-batch (the ones before accumulate unsharded
+    fp32 gradients: 4 bytes per parameter on every rank, which `agentrl plan` counts);
+    "micro_batch", after every micro-batch (gradients stay sharded: less memory, one
+    reduce-scatter of the whole model per micro-batch). Same gradient either way."""
 
 
 class LogConfig(_Section):

@@ -258,7 +258,7 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
         initial = groups.run_on_main("setup/reference", lambda: read_model_state(initial_dir),
                                      limits.wait_for_rank0_s, group)
         reference = load_sharded(initial_dir, initial or {}, compute, compute, attention,
-                                 device)
+                                 device, trained=False)
         reference.requires_grad_(False)
     configure_memory(config, model, reference, device)
     optimizer = build_optimizer(model, config.optim, lr=effective_lr(config))

@@ -227,7 +227,8 @@ def run_updates(
     for index, batch in enumerate(batches):
         run.optimizer.zero_grad(set_to_none=True)
         stats.append(forward_backward(run.model, batch, run.config.loss, run.process_group,
-                                      temperature, old_is_current=proximal and index == 0))
+                                      temperature, old_is_current=proximal and index == 0,
+                                      gradient_sync=run.config.train.gradient_sync))
         norms.append(clip_grad_norm(run.model, run.config.optim.max_grad_norm))
         lrs.append(run.optimizer.param_groups[0]["lr"])
         why = step_if_finite(run.optimizer, stats[-1], norms[-1])

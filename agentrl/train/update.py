@@ -23,7 +23,7 @@ from agentrl.loss import LossParts, policy_loss
 from agentrl.model.logprobs import TokenScores
 from agentrl.packing import MicroBatch
 from agentrl.parallel import groups
-from agentrl.parallel.fsdp import is_sharded
+from agentrl.parallel.fsdp import is_sharded, set_gradient_sync
 
 
 class CausalLM(Protocol):
@@ -100,6 +100,7 @@ def forward_backward(
     process_group: torch.distributed.ProcessGroup | None = None,
     temperature: float = 1.0,
     old_is_current: bool = False,
+    gradient_sync: str = "update",
 ) -> UpdateStats:
     """Accumulate one update's gradient over this rank's micro-batches (and sum over ranks).
 
@@ -108,7 +109,9 @@ def forward_backward(
     ``temperature``: the rollout temperature (see ``target_scores``). ``old_is_current``:
     the old (proximal) policy is the model as it is now (a collection's first update), so
     the forward's own log-probs, detached, are the ratio's denominator: the same values a
-    scoring pass would give, without its forward.
+    scoring pass would give, without its forward. ``gradient_sync`` (train.gradient_sync):
+    "update" reduce-scatters the gradients over the ranks once, in the last micro-batch's
+    backward; "micro_batch" in every one.
     """
     if groups.is_distributed(process_group) and not is_sharded(model):
         raise ValueError("forward_backward on several ranks needs an FSDP2-sharded model "
@@ -120,7 +123,9 @@ def forward_backward(
     # harmless denominator; every mask is 0 so the gradient is 0
     denominator = max(num_tokens, 1.0)
     sums = torch.zeros(len(_FIGURES) + 1, dtype=torch.float64, device=device)
-    for mb in micro_batches:
+    last = len(micro_batches) - 1
+    for index, mb in enumerate(micro_batches):
+        set_gradient_sync(model, gradient_sync == "micro_batch" or index == last)
         mb = mb.to(device)  # one copy, the head's positions with it; no sync below
         logprobs, token_entropy = target_scores(model, mb, temperature)
         old = logprobs.detach() if old_is_current else mb.old_logprobs

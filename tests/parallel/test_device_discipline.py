@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from agentrl.model.attention import choose_backend
 from agentrl.parallel.fsdp import compute_dtype
@@ -75,3 +77,74 @@ def test_the_training_device_follows_local_rank(monkeypatch) -> None:
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setenv("RANK", "11")  # rank 11 of a second machine: still its GPU 3
     assert groups.local_device() == torch.device("cuda", 3)
+
+
+# ----------------------------------------------------------------- host-device syncs
+
+
+class DeviceSyncCounter(TorchFunctionMode):
+    """Counts what makes a host wait for a GPU, with ``meta`` standing in for the GPU:
+    reading a device tensor's values back (``tolist``, ``item``, ``bool``, ``nonzero``,
+    ``cpu``...) and host-to-device copies. A read returns a stand-in value (meta tensors
+    have none), so the code runs on and every read is counted where it happens."""
+
+    READS = {Tensor.tolist: "tolist", Tensor.item: "item", Tensor.__bool__: "bool",
+             Tensor.__int__: "int", Tensor.__float__: "float", Tensor.__index__: "index",
+             Tensor.nonzero: "nonzero", torch.nonzero: "nonzero", Tensor.cpu: "cpu",
+             Tensor.numpy: "numpy"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+        self.copies = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensor = args[0] if args and isinstance(args[0], Tensor) else None
+        if func in self.READS and tensor is not None and tensor.is_meta:
+            self.reads.append(self.READS[func])
+            return self._stand_in(func, tensor)
+        if func in (Tensor.to, Tensor.cuda) and tensor is not None and not tensor.is_meta:
+            with torch._C.DisableTorchFunction():
+                moved = func(*args, **kwargs)
+            self.copies += moved.is_meta
+            return moved
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _stand_in(func, tensor: Tensor):
+        if func in (Tensor.tolist,):
+            return torch.zeros(tensor.shape).tolist()
+        if func in (Tensor.nonzero, torch.nonzero, Tensor.cpu):
+            return torch.zeros(0, 1, dtype=torch.int64)
+        if func is Tensor.numpy:
+            return torch.zeros(tensor.shape).numpy()
+        return func(torch.zeros((), dtype=tensor.dtype))
+
+
+def syncs_of_one_update(num_micro_batches: int, checkpointing: bool) -> tuple[int, int]:
+    """(device reads, host-to-device copies) of one forward_backward on the meta device."""
+    from agentrl.config import LossConfig
+    from agentrl.model import CausalLM
+    from agentrl.train.update import forward_backward
+    from tests.test_update import make_model
+
+    args = make_model().config
+    with torch.device("meta"):
+        model = CausalLM(args, attention="torch")
+    model.configure_memory(checkpointing, logprob_chunk_tokens=8)
+    rows, advantages = make_rows(num_rows=2 * num_micro_batches)
+    mbs = micro_batches_for(rows, advantages, [[2 * i, 2 * i + 1]
+                                               for i in range(num_micro_batches)])
+    counter = DeviceSyncCounter()
+    with counter:
+        forward_backward(model, mbs, LossConfig(negative_advantage_veto=2.0))
+    return len(counter.reads), counter.copies
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+def test_a_micro_batch_costs_one_copy_and_no_device_sync(checkpointing) -> None:
+    reads_1, copies_1 = syncs_of_one_update(1, checkpointing)
+    reads_4, copies_4 = syncs_of_one_update(4, checkpointing)
+    assert reads_4 == reads_1 <= 2  # the update's token count and its figures, once each
+    assert copies_4 - copies_1 == 3  # one host-to-device copy per micro-batch
