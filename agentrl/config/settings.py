@@ -338,7 +338,8 @@ class TrainConfig(_Section):
     optimizer update, after its last micro-batch (the ones before accumulate unsharded
     fp32 gradients: 4 bytes per parameter on every rank, which `agentrl plan` counts);
     "micro_batch", after every micro-batch (gradients stay sharded: less memory, one
-    reduce-scatter of the whole model per micro-batch). Same gradient either way."""
+    reduce-scatter of the whole model per micro-batch). Same gradient either way. One
+    rank has nothing to communicate and always takes "micro_batch"."""
 
 
 class LogConfig(_Section):

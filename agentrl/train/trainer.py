@@ -104,6 +104,8 @@ def train_step(run: Run, step: int,
     """One collection and its updates; returns the step's metrics. ``health`` stops the
     run (RunStopped) before training on a collection whose environment is mostly broken."""
     timer = PhaseTimer()
+    if torch.cuda.is_available():  # memory/peak_allocated_gib: this step's own peak
+        torch.cuda.reset_peak_memory_stats()
     with timer("generate"):
         collection = run.collect(step)
     if health is not None:
@@ -253,7 +255,8 @@ def run_updates(
 
 def perf_figures(run: Run, rows: list[Row]) -> dict[str, float]:
     """Estimated training FLOPs of the step (all ranks; ``CostModel``: a·L + b·L² per row,
-    forward + backward) and, on a GPU, this rank's peak memory, for MFU and memory checks."""
+    forward + backward) and, on a GPU, this rank's peak memory since the step began (the
+    peak is reset at each step's start), for MFU and memory checks."""
     out = {"perf/train_flops": float(sum(run.cost.cost(len(r.token_ids)) for r in rows))}
     if torch.cuda.is_available():
         out["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30

@@ -124,8 +124,9 @@ def forward_backward(
     denominator = max(num_tokens, 1.0)
     sums = torch.zeros(len(_FIGURES) + 1, dtype=torch.float64, device=device)
     last = len(micro_batches) - 1
+    every = gradient_sync == "micro_batch" or not groups.is_distributed(process_group)
     for index, mb in enumerate(micro_batches):
-        set_gradient_sync(model, gradient_sync == "micro_batch" or index == last)
+        set_gradient_sync(model, every or index == last)  # one rank: nothing to wait for
         mb = mb.to(device)  # one copy, the head's positions with it; no sync below
         logprobs, token_entropy = target_scores(model, mb, temperature)
         old = logprobs.detach() if old_is_current else mb.old_logprobs

@@ -181,3 +181,20 @@ def test_colocated_replicas_sleep_after_collection_and_wake_for_sync_and_generat
     separate = EngineRouter([FakeReplica("c")])
     separate.release_memory()
     assert separate.replicas[0].calls == []
+
+
+def test_the_trainers_cached_gpu_memory_is_released_before_every_wake_up(monkeypatch):
+    """vLLM allocates outside torch's cache: the blocks the trainer's allocator still
+    caches must go back to the driver before a colocated replica wakes (a stand-in for
+    the CUDA calls records the order; the real ones are checked by bench/gpu_acceptance)."""
+    a = FakeReplica("a")
+    a.release.set()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: a.calls.append("empty_cache"))
+    router = EngineRouter([a], colocated=True)
+    router.release_memory()
+    router.update_weights({"w": torch.zeros(1)})
+    asyncio.run(router.generate([0], params(2), "r"))
+    assert a.calls == ["sleep 1", "empty_cache", "wake ['weights']", "start", "finish 1",
+                       "empty_cache", "wake None"]
