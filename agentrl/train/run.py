@@ -175,7 +175,8 @@ class Run:
         router buckets and sends them). ``version`` defaults to the served version + 1."""
         tensors = iter_full_parameters(self.model, self.compute_dtype)
         if self.collector is not None:  # generating meanwhile: hand over a snapshot
-            snapshot = {name: tensor.clone() for name, tensor in tensors}
+            with groups.one_communicator_at_a_time():  # the gathers, not beside a sync
+                snapshot = {name: tensor.clone() for name, tensor in tensors}
             self.collector.publish(snapshot, self.state.step if version is None else version)
         elif self.engine is None:
             for _ in tensors:  # ranks 1..N: take part in each gather

@@ -128,14 +128,15 @@ def forward_backward(
     for index, mb in enumerate(micro_batches):
         set_gradient_sync(model, every or index == last)  # one rank: nothing to wait for
         mb = mb.to(device)  # one copy, the head's positions with it; no sync below
-        logprobs, token_entropy = target_scores(model, mb, temperature)
-        old = logprobs.detach() if old_is_current else mb.old_logprobs
-        loss, parts = policy_loss(
-            logprobs, old, mb.advantages, mb.loss_mask, denominator, cfg,
-            engine_logprobs=mb.engine_logprobs, ref_logprobs=mb.ref_logprobs,
-            ages=mb.ages, cu_seqlens=mb.cu_seqlens,
-        )
-        loss.backward()
+        with groups.one_communicator_at_a_time():  # a weight sync thread waits meanwhile
+            logprobs, token_entropy = target_scores(model, mb, temperature)
+            old = logprobs.detach() if old_is_current else mb.old_logprobs
+            loss, parts = policy_loss(
+                logprobs, old, mb.advantages, mb.loss_mask, denominator, cfg,
+                engine_logprobs=mb.engine_logprobs, ref_logprobs=mb.ref_logprobs,
+                ages=mb.ages, cu_seqlens=mb.cu_seqlens,
+            )
+            loss.backward()
         sums += _figures(parts, token_entropy, mb.loss_mask, denominator)
         del logprobs, loss  # free this micro-batch's activations before the next
     groups.all_reduce_sum(sums, process_group)
@@ -173,7 +174,8 @@ def score(
     out = []
     for mb in micro_batches:
         mb = mb.to(device)
-        scores = target_scores(model, mb, temperature, with_entropy=False)
+        with groups.one_communicator_at_a_time():
+            scores = target_scores(model, mb, temperature, with_entropy=False)
         out.append(scores.logprobs * mb.loss_mask)
     return out
 

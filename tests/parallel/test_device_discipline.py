@@ -148,3 +148,53 @@ def test_a_micro_batch_costs_one_copy_and_no_device_sync(checkpointing) -> None:
     reads_4, copies_4 = syncs_of_one_update(4, checkpointing)
     assert reads_4 == reads_1 <= 2  # the update's token count and its figures, once each
     assert copies_4 - copies_1 == 3  # one host-to-device copy per micro-batch
+
+
+def test_a_weight_sync_takes_its_turn_between_two_micro_batches(monkeypatch) -> None:
+    """With asynchronous collection a thread syncs weights over NCCL while the trainer
+    trains; the two communicators never run at once: the sync waits for the trainer's
+    micro-batch, and the next micro-batch waits for the sync's bucket (first come,
+    first served, so neither starves)."""
+    import threading
+    import time
+
+    from agentrl.config import LossConfig
+    from agentrl.parallel import groups
+    from agentrl.train import update
+    from tests.test_update import make_model
+
+    started: list[float] = []
+    first_running = threading.Event()
+    real_scores = update.target_scores
+
+    def slow_scores(*args, **kwargs):
+        started.append(time.monotonic())
+        if len(started) == 1:
+            first_running.set()
+            time.sleep(0.3)  # the sync asks for its turn meanwhile
+        return real_scores(*args, **kwargs)
+
+    sync_turn: list[float] = []
+
+    def weight_sync() -> None:
+        first_running.wait(5)
+        with groups.one_communicator_at_a_time():
+            sync_turn.append(time.monotonic())
+            time.sleep(0.2)  # one bucket's broadcast
+            sync_turn.append(time.monotonic())
+
+    monkeypatch.setattr(update, "target_scores", slow_scores)
+    groups.share_gpu_between_threads(True)
+    try:
+        rows, advantages = make_rows(num_rows=4)
+        thread = threading.Thread(target=weight_sync)
+        thread.start()
+        update.forward_backward(make_model(), micro_batches_for(rows, advantages,
+                                                                [[0, 1], [2, 3]]),
+                                LossConfig())
+        thread.join(5)
+    finally:
+        groups.share_gpu_between_threads(False)
+    assert len(started) == 2 and len(sync_turn) == 2
+    assert started[0] + 0.3 <= sync_turn[0]  # after the first micro-batch's turn
+    assert sync_turn[1] <= started[1]  # the second waited for the bucket
