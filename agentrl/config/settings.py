@@ -41,7 +41,7 @@ class ModelConfig(_Section):
     """COMPUTE dtype of training forwards/backwards and of the engines. Master weights,
     gradients, their reduction over ranks and the optimizer state are always float32
     (FSDP2 mixed precision); log-probs and the loss are float32. "auto": bfloat16 on a
-    GPU (flash-attn needs it), float32 on the CPU."""
+    GPU (the varlen kernels need it), float32 on the CPU."""
     attention: Literal["auto", "varlen", "flash", "torch"] = "auto"
     """Varlen attention backend. "auto": torch's own varlen kernel
     (`torch.nn.attention.varlen`, flash kernels, nothing to build) on a GPU of compute
