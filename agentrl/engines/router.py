@@ -29,6 +29,7 @@ import torch
 
 from agentrl.engines.http import ReplicaUnavailableError
 from agentrl.engines.interface import Generation, NamedTensors, SamplingParams, next_version
+from agentrl.engines.replica_figures import ReplicaFigures
 from agentrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, push_weights
 
 MAX_REMEMBERED_KEYS = 65536
@@ -67,6 +68,8 @@ class EngineRouter:
         self.weight_dtype = weight_dtype
         self.outstanding_tokens = [0] * len(self.replicas)
         self.num_requests = [0] * len(self.replicas)
+        self.figures = ReplicaFigures(len(self.replicas))
+        """Per-replica work since the last step (``replica_figures``)."""
         self.down: dict[int, str] = {}
         """Replicas out of service, with the reason."""
         self._home: OrderedDict[str, int] = OrderedDict()
@@ -93,13 +96,24 @@ class EngineRouter:
         cost = len(prompt_ids) + params.max_tokens
         self.outstanding_tokens[index] += cost
         self.num_requests[index] += 1
+        self.figures.started(index, key, self.outstanding_tokens[index])
+        generated = None
         try:
-            return await self.replicas[index].generate(prompt_ids, params, key=key)
+            generation = await self.replicas[index].generate(prompt_ids, params, key=key)
+            generated = len(generation.token_ids)
+            return generation
         except ReplicaUnavailableError as exc:
             self._take_out(index, str(exc))
             raise
         finally:
             self.outstanding_tokens[index] -= cost
+            self.figures.finished(index, generated)
+
+    def replica_figures(self) -> dict[str, float]:
+        """Per replica since the last call (one step): requests, rollouts, generated tokens,
+        tokens/s while busy, outstanding-token peak, served version, failures, seconds out
+        of service; ``replica/<i>/<name>`` in metrics.jsonl."""
+        return self.figures.take([r.weight_version for r in self.replicas])
 
     def pick(self, key: str | None) -> int:
         """The replica for a request: the key's home while it is in service, else the
@@ -166,5 +180,6 @@ class EngineRouter:
         if index in self.down:
             return
         self.down[index] = reason
+        self.figures.taken_out(index)
         warnings.warn(f"inference replica {index} taken out of service: {reason}",
                       stacklevel=3)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from agentrl.advantage import compute_advantages
+from agentrl.engines.router import EngineRouter
 from agentrl.loss import scores_proximal_policy
 from agentrl.observe.metrics import (
     collection_figures,
@@ -138,6 +139,8 @@ def train_step(run: Run, step: int,
                                       collection.fallback_groups))
     metrics.update(sample_figures)
     metrics.update(invalid_figures(collection.invalid))
+    if isinstance(run.engine, EngineRouter):  # the collector process keeps its own
+        metrics.update(run.engine.replica_figures())
     if run.collector is not None:
         metrics.update(asynchronous_figures(collection.stale_dropped, collection.engine_idle_s))
     metrics.update(cumulative(run.state))
