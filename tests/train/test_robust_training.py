@@ -156,6 +156,8 @@ def test_a_non_finite_update_is_skipped_named_and_counted(tmp_path):
         status, out = run_training(tmp_path, model_dir, "ShortEnv", steps=1)
     assert status == 0
     assert metrics(out)[0]["optim/skipped_updates"] == 1
+    # the one built-in replica's figures: every rollout's one turn went to it
+    assert metrics(out)[0]["replica/0/requests"] == metrics(out)[0]["num_rollouts"] == 8
     weights = load_pretrained(out / "checkpoints" / "step_1").state_dict()
     initial = load_pretrained(model_dir).state_dict()
     assert all(torch.equal(initial[n], t) for n, t in weights.items())
