@@ -7,6 +7,7 @@ since the previous call (one training step) as ``replica/<i>/<name>`` and starts
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import msgspec
 
@@ -31,9 +32,12 @@ class ReplicaCounts(msgspec.Struct, kw_only=True):
 
 
 class ReplicaFigures:
-    """Counts per replica, kept by the router; not thread-safe (the router's event loop)."""
+    """Counts per replica, kept by the router on its event loop. No lock: a ``take`` from
+    another thread (the trainer, with the asynchronous thread collector) may move a count
+    of a request ending at that moment into the next step's figures or lose it."""
 
-    def __init__(self, num_replicas: int, clock=time.monotonic) -> None:
+    def __init__(self, num_replicas: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.counts = [ReplicaCounts() for _ in range(num_replicas)]
         self._keys: list[set[str]] = [set() for _ in range(num_replicas)]
