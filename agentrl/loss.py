@@ -240,8 +240,8 @@ def negative_advantage_veto(
         bounds = cu_seqlens.to(flat.device, torch.int64)
         before = torch.cat([flat.new_zeros(1), flat])[bounds[:-1]]
         lengths = bounds[1:] - bounds[:-1]
-        row_of = torch.repeat_interleave(torch.arange(len(lengths), device=flat.device),
-                                         lengths)
+        row_of = torch.repeat_interleave(  # output_size: no read-back of the lengths
+            torch.arange(len(lengths), device=flat.device), lengths, output_size=flat.numel())
         counts = (flat - before[row_of]).reshape(counts.shape)
     return (counts == 0).float().detach()
 

@@ -238,18 +238,58 @@ class MicroBatch(msgspec.Struct, kw_only=True):
     """[1, T] int64: policy versions between each target's generating weights and the
     weights being trained (0 = on-policy; 0 where nothing is trained); None when the
     trained version was not given to ``collate``."""
+    head_positions: torch.Tensor | None = None
+    """[M] int64: flat indices of the positions with loss mask 1, the only ones the LM
+    head computes (found on the host: on a GPU a ``nonzero`` waits for queued work)."""
+    bounds: tuple[int, ...] = ()
+    """``cu_seqlens`` as host ints: attention and the model's checks read them without
+    waiting for the device."""
     num_rows: int = 0
     num_tokens: int = 0
     """Positions with loss mask 1: this micro-batch's share of the update's token count."""
 
+    @property
+    def max_seqlen(self) -> int:
+        """The longest row, a host int (the varlen kernels take it)."""
+        return max((b - a for a, b in zip(self.bounds[:-1], self.bounds[1:], strict=True)),
+                   default=0)
+
     def to(self, device: torch.device | str) -> MicroBatch:
-        """The same micro-batch with every tensor on ``device``."""
-        moved = {
-            f: getattr(self, f).to(device)
-            for f in self.__struct_fields__
-            if isinstance(getattr(self, f), torch.Tensor)
-        }
-        return msgspec.structs.replace(self, **moved)
+        """The same micro-batch with every tensor on ``device``, in ONE host-to-device
+        copy (pinned, non-blocking on a GPU): one transfer per micro-batch, not one per
+        field, and none that makes the host wait."""
+        device = torch.device(device)
+        names = [f for f in self.__struct_fields__
+                 if isinstance(getattr(self, f), torch.Tensor)
+                 and getattr(self, f).device != device]
+        if not names:
+            return self
+        moved = copy_to_device([getattr(self, f) for f in names], device)
+        return msgspec.structs.replace(self, **dict(zip(names, moved, strict=True)))
+
+
+_ALIGN = 8
+"""Byte alignment of each tensor in the transfer buffer (the widest element)."""
+
+
+def copy_to_device(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """``tensors`` on ``device`` through one byte buffer: packed on the host (pinned when
+    the device is a GPU), copied once without blocking the host, and cut back into views
+    of each tensor's dtype and shape on the device. The copy is ordered on the current
+    stream before the kernels that read it."""
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    starts = [0]
+    for size in sizes:
+        starts.append(starts[-1] + -(-size // _ALIGN) * _ALIGN)
+    pinned = device.type == "cuda"
+    buffer = torch.empty(starts[-1], dtype=torch.uint8, pin_memory=pinned)
+    for t, start, size in zip(tensors, starts, sizes, strict=False):
+        if size:
+            buffer[start:start + size].copy_(t.detach().contiguous().reshape(-1)
+                                             .view(torch.uint8))
+    on_device = buffer.to(device, non_blocking=pinned)
+    return [on_device[start:start + size].view(t.dtype).view(t.shape)
+            for t, start, size in zip(tensors, starts, sizes, strict=False)]
 
 
 def collate(
@@ -306,6 +346,8 @@ def collate(
         old_logprobs=target_logprobs[None].clone(),
         advantages=(adv[row_of] * target_mask)[None],
         ages=None if ages is None else ages[None],
+        head_positions=target_mask.nonzero().squeeze(-1),
+        bounds=tuple(cu.tolist()),
         num_rows=len(chosen),
         num_tokens=int(target_mask.sum()),
     )
@@ -324,6 +366,8 @@ def _empty_micro_batch(trained_version: int | None = None) -> MicroBatch:
         old_logprobs=zeros_f.clone(),
         advantages=zeros_f.clone(),
         ages=None if trained_version is None else zeros_i.clone(),
+        head_positions=torch.zeros(0, dtype=torch.int64),
+        bounds=(0, 1),
         num_rows=0,
         num_tokens=0,
     )

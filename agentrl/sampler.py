@@ -72,6 +72,15 @@ class EnvironmentSampler:
         seeds = self.rng.integers(0, 2**31 - 1, size=len(envs))
         return [TaskDraw(env, int(seed)) for env, seed in zip(envs, seeds, strict=True)]
 
+    def tasks_of(self, env: str, num_groups: int) -> list[TaskDraw]:
+        """``num_groups`` fresh tasks of one environment, outside the allocation: the
+        replacements for groups dynamic sampling dropped, so that each environment keeps
+        the share this collection's allocation gave it."""
+        if env not in self.names:
+            raise ValueError(f"environment {env!r} is not one of the sampler's {self.names}")
+        seeds = self.rng.integers(0, 2**31 - 1, size=num_groups)
+        return [TaskDraw(env, int(seed)) for seed in seeds]
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue the same sequence after a restart."""
         return {"names": list(self.names), "carry": self.carry.tolist(),

@@ -1,7 +1,7 @@
 """GPU acceptance: the paths a CPU machine cannot run, checked in one short run.
 
 On whatever GPUs it finds (all of one machine), in a few minutes, it trains the quickstart
-mix with bf16 compute over fp32 master weights, flash-attn varlen, FSDP2 over every GPU
+mix with bf16 compute over fp32 master weights, torch varlen attention, FSDP2 over every GPU
 (torchrun), two updates per collection and a KL term, once with the built-in engine and
 once with vLLM, and prints one line per check (PASS / FAIL / SKIP with the reason) plus
 tokens/s, MFU and peak memory. Exit status 0 only when no check failed.
@@ -94,9 +94,18 @@ class Machine:
             return common + ['model.dtype="float32"', 'model.attention="torch"',
                              "batch.rollout_batch_size=2", "batch.global_batch_size=8",
                              "rollout.max_concurrent_rollouts=32"]
-        vllm = ['rollout.vllm_args={ gpu_memory_utilization = 0.3, enforce_eager = true }']
-        return common + ['model.dtype="bfloat16"', 'model.attention="flash"'] + (
+        # CUDA graphs on, as in the shipped configs (no enforce_eager); attention "auto",
+        # as shipped: the check below reads which kernel the run announced
+        vllm = ['rollout.vllm_args={ gpu_memory_utilization = 0.3 }']
+        return common + ['model.dtype="bfloat16"', 'model.attention="auto"'] + (
             vllm if engine == "vllm" else [])
+
+    @property
+    def attention(self) -> str:
+        """The start-up line the run must print: torch's varlen kernel on a GPU, the exact
+        per-row path on the CPU."""
+        return ("attention: PyTorch SDPA per row" if self.dry_run
+                else "attention: torch varlen_attn (bfloat16)")
 
 
 def detect(dry_run: bool) -> Machine:
@@ -110,16 +119,23 @@ def detect(dry_run: bool) -> Machine:
     return Machine(False, torch.cuda.device_count(), torch.cuda.get_device_name(0))
 
 
-def train(machine: Machine, engine: str, out: Path) -> tuple[int, str, list[dict[str, Any]]]:
-    """One torchrun training run; returns (exit status, its output, its metrics)."""
+def train(machine: Machine, engine: str, out: Path
+          ) -> tuple[int | None, str, list[dict[str, Any]]]:
+    """One torchrun training run; returns (exit status, None on a timeout; its output; its
+    metrics)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(machine.num_ranks), "-m", "agentrl", "train",
                str(CONFIG), "--out", str(out)]
     for override in machine.overrides(engine):
         command += ["--set", override]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
+    try:
+        proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=900)
+    except subprocess.TimeoutExpired as timed_out:  # a FAIL to report, not a crash
+        output = [o.decode() if isinstance(o, bytes) else o or ""
+                  for o in (timed_out.stdout, timed_out.stderr)]
+        return None, "".join(output) + "\n(timed out after 900 s)", []
     log = proc.stdout + proc.stderr
     metrics_file = out / "metrics.jsonl"
     records = [json.loads(line) for line in metrics_file.read_text().splitlines()
@@ -138,18 +154,23 @@ def check_training(report: Report, machine: Machine, engine: str, out: Path) -> 
     if status != 0:
         return
     steps = [r for r in records if r.get("step", 0) > 0 and "loss/policy_loss" in r]
+    report.check(f"{tag} three training steps in metrics.jsonl", len(steps) == 3,
+                 f"{len(steps)} steps")
+    if not steps:
+        return
     report.check(f"{tag} FSDP2 over every rank", f"ranks: {machine.num_ranks}" in log)
-    flash = "flash-attn varlen" in log
-    report.check(f"{tag} flash-attn varlen attention", flash or machine.dry_run,
-                 "dry run: PyTorch attention" if machine.dry_run else "")
+    report.check(f"{tag} attention kernel as announced", machine.attention in log,
+                 f"expected {machine.attention!r}")
     report.check(f"{tag} two updates per collection",
                  records[-1].get("cumulative/updates") == 2 * len(steps))
     report.check(f"{tag} KL term active and finite losses",
-                 any(r["loss/kl_loss"] > 0 for r in steps)
+                 any(r.get("loss/kl_loss", 0.0) > 0 for r in steps)
                  and all(abs(r["loss/policy_loss"]) < 1e6 for r in steps))
-    mismatch = max(r.get("loss/mismatch_scored", 0.0) for r in steps)
-    report.check(f"{tag} engine and trainer log-probs agree", mismatch < 0.05,
-                 f"max mean |Δ log p| {mismatch:.4f}")
+    mismatches = [r["loss/mismatch_scored"] for r in steps if "loss/mismatch_scored" in r]
+    report.check(f"{tag} engine and trainer log-probs agree",
+                 bool(mismatches) and max(mismatches) < 0.05,
+                 f"max mean |Δ log p| {max(mismatches):.4f}" if mismatches
+                 else "loss/mismatch_scored missing from every step")
     report.check(f"{tag} checkpoint written", (out / "checkpoints" / "step_3").is_dir())
     add_figures(report, machine, engine, steps)
 

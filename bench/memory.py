@@ -140,10 +140,18 @@ def report_shape(name: str, args: ModelArgs, dtype: torch.dtype, num_tokens: int
     return lines
 
 
+MIN_PLAN_USE = 0.9
+"""Measured / planned activations the GPU check accepts at least: on the CPU the plan's
+per-token figure agrees with the measured one within 0.45% (tests/test_memory_plan.py);
+a measurement under 90% of the plan means the plan counts something the run does not
+hold. Not yet measured on a GPU: the first GPU run reports the ratio."""
+
+
 def memory_check(report: Any, machine: Any, scratch: Path) -> None:
     """GPU acceptance: one micro-batch of the 1.5B recipe (its budget, checkpointing on,
     random weights of the real shape) on one GPU must stay within the plan's activations
-    + backward working set, and use at least half of it (the plan is not padding)."""
+    + backward working set, and use at least MIN_PLAN_USE of it (the plan is not
+    padding)."""
     name = "[memory] peak CUDA memory of a 1.5B micro-batch within the plan"
     if machine.dry_run:
         report.skip(name, "needs a CUDA device")
@@ -151,7 +159,7 @@ def memory_check(report: Any, machine: Any, scratch: Path) -> None:
     from agentrl.config import load_config
 
     figures = measure_cuda_peak(load_config(ACCEPTANCE_CONFIG), num_ranks=1)
-    report.check(name, 0.5 <= figures["ratio"] <= 1.0,
+    report.check(name, MIN_PLAN_USE <= figures["ratio"] <= 1.0,
                  f"{figures['measured_gib']:.2f} GiB measured vs {figures['planned_gib']:.2f} "
                  f"GiB planned at {figures['tokens']:.0f} tokens")
     report.figures["memory: measured / planned activations"] = f"{figures['ratio']:.2f}"

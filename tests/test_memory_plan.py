@@ -35,7 +35,9 @@ def _small(family: str) -> ModelArgs:
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("after", [False, True], ids=["full_logits", "checkpointed_chunked"])
-def test_plan_per_token_bytes_match_the_measurement_within_15_percent(family, dtype, after):
+def test_plan_per_token_bytes_match_the_measurement_to_half_a_percent(family, dtype, after):
+    # measured: the plan is 4 bytes per token above autograd's state in every case
+    # (0.03-0.45 %: the loss's own terms are rounded to 40 bytes)
     args = _small(family)
     model = build_model(args, dtype)
     model.configure_memory(activation_checkpointing=after, logprob_chunk_tokens=64)
@@ -44,7 +46,7 @@ def test_plan_per_token_bytes_match_the_measurement_within_15_percent(family, dt
     planned = saved_bytes_per_token(args, dtype.itemsize, checkpointing=after,
                                     full_logits=not after)
     total = measured.total(args.num_hidden_layers)
-    assert abs(planned - total) <= 0.15 * total, (planned, msgspec.structs.asdict(measured))
+    assert 0 <= planned - total <= 0.005 * total, (planned, msgspec.structs.asdict(measured))
 
 
 def test_qwen25_15b_figures_by_hand():
@@ -135,3 +137,53 @@ def test_plan_command(capsys):
     captured = capsys.readouterr()
     assert "engine (vLLM)" in captured.out and "fits;" in captured.out
     assert "model.path" in captured.err
+
+
+def _term(plan, name):
+    return next(t for t in plan.terms if t.name == name)
+
+
+def test_what_the_plan_used_to_miss_is_counted():
+    args = KNOWN_SHAPES["Qwen2.5-7B"]
+    total, root, layer = parameter_counts(args)
+    config = load_config("configs/countdown_qwen2.5_7b_8gpu.toml")
+    plan = plan_memory(config, args, 80, num_ranks=8)
+    # FSDP2 holds every gradient unsharded in fp32 between an update's micro-batches
+    assert _term(plan, "accumulated gradients").bytes == 4 * total
+    per_micro = load_config("configs/countdown_qwen2.5_7b_8gpu.toml",
+                            ['train.gradient_sync="micro_batch"'])
+    assert "accumulated gradients" not in {
+        t.name for t in plan_memory(per_micro, args, 80, num_ranks=8).terms}
+    # the root unit's reduce-scatter: its fp32 buffer is 4 B per parameter (4.4 GB at 7B)
+    assert 4 * root / 1e9 == pytest.approx(4.36, abs=0.01)
+    end = (2 + 4 + 4 / 8) * root - _term(plan, "activations").bytes
+    assert _term(plan, "backward working set").bytes >= end
+    small = load_config("configs/countdown_qwen2.5_7b_8gpu.toml",
+                        ["batch.max_tokens_per_microbatch=1024"])
+    working = _term(plan_memory(small, args, 80, num_ranks=8), "backward working set")
+    assert "reduce-scatter at the end" in working.detail  # the largest moment at 1k tokens
+
+
+def test_asynchronous_collection_keeps_snapshots_and_the_kv_cache_resident():
+    args = KNOWN_SHAPES["Qwen2.5-1.5B"]
+    total = parameter_counts(args)[0]
+    sync = plan_memory(load_config("configs/quickstart.toml"), args, 24)
+    assert "weight snapshots" not in {t.name for t in sync.terms}
+    assert _term(sync, "engine KV cache").phase == "generation"
+    ahead = load_config("configs/quickstart.toml", ["rollout.max_staleness=1"])
+    plan = plan_memory(ahead, args, 24)
+    snapshots = _term(plan, "weight snapshots")
+    assert snapshots.bytes == 2 * 2 * total and snapshots.phase == "always"
+    assert _term(plan, "engine KV cache").phase == "always"  # it generates while training
+    assert plan.total_bytes - sync.total_bytes >= snapshots.bytes
+    process = load_config("configs/quickstart.toml",
+                          ["rollout.max_staleness=1", 'rollout.collector="process"'])
+    assert "weight snapshots" not in {t.name for t in plan_memory(process, args, 24).terms}
+
+
+def test_one_rank_accumulates_nothing_unsharded():
+    config = load_config(GSM8K)
+    args = model_shape(config.model.path)
+    assert "accumulated gradients" not in {t.name for t in plan_memory(config, args, 80).terms}
+    assert "accumulated gradients" in {
+        t.name for t in plan_memory(config, args, 80, num_ranks=2).terms}

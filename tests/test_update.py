@@ -81,6 +81,30 @@ def setup(request) -> tuple[nn.Module, list[Row], list[float], torch.Tensor]:
     return model, rows, advantages, reference
 
 
+def test_the_checkpointed_variant_recomputes_every_layer_in_backward(setup) -> None:
+    """The "checkpointed" parameter really turns checkpointing on: each layer's block runs
+    once in forward and once more in backward; the plain variant runs it once."""
+    model, rows, advantages, _ = setup
+    layers = model.model.layers
+    calls = [0]
+
+    def counted(block):
+        def run(*args):
+            calls[0] += 1
+            return block(*args)
+        return run
+
+    for layer in layers:
+        layer._block = counted(layer._block)
+    try:
+        gradient(model, micro_batches_for(rows, advantages, [list(range(len(rows)))]))
+    finally:
+        for layer in layers:
+            del layer._block
+    per_layer = 2 if layers[0].activation_checkpointing else 1
+    assert calls[0] == per_layer * len(layers)
+
+
 def test_same_gradient_in_one_or_many_micro_batches(setup) -> None:
     model, rows, advantages, reference = setup
     lengths = [len(r.token_ids) for r in rows]
@@ -122,8 +146,9 @@ def test_per_micro_batch_mean_would_change_the_gradient(setup) -> None:
 
 def test_invariance_holds_off_policy_with_clipping(setup) -> None:
     """After an optimizer step the ratios leave 1 and clip; the layout still does not matter."""
-    _, rows, advantages, _ = setup
+    checkpointed, rows, advantages, _ = setup
     model = make_model(seed=1)
+    model.configure_memory(checkpointed.model.layers[0].activation_checkpointing, 16)
     lengths = [len(r.token_ids) for r in rows]
     groups_one, groups_many = [list(range(len(rows)))], pack(lengths, max(lengths))
     old = [score(model, micro_batches_for(rows, advantages, g)) for g in (groups_one, groups_many)]

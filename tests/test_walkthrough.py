@@ -43,9 +43,9 @@ def doc_commands(text: str) -> list[list[str]]:
     return [shlex.split(line)[1:] for line in lines if line.startswith("agentrl ")]
 
 
-def runnable(command: list[str]) -> bool:
-    """A command of the CLI (a typo on the page fails the test below)."""
-    return command[0] in COMMANDS
+def unknown_commands(commands: list[list[str]]) -> list[str]:
+    """The page's commands the CLI does not have (a typo on the page): none may be skipped."""
+    return [c[0] for c in commands if c[0] not in COMMANDS]
 
 
 def test_the_example_files_are_the_pages_files():
@@ -53,6 +53,12 @@ def test_the_example_files_are_the_pages_files():
     assert set(files) == {"logsearch.py", "logsearch_mix.toml"}
     for name, text in files.items():
         assert (EXAMPLE / name).read_text() == text, f"{name} differs from the page's"
+
+
+def test_every_command_on_the_page_is_one_the_cli_runs():
+    assert unknown_commands(doc_commands(DOC.read_text())) == []
+    typo = "```bash\nagentrl check-env x.py:E\nagentrl trian mix.toml\n```\n"
+    assert unknown_commands(doc_commands(typo)) == ["trian"]
 
 
 def test_the_page_uses_every_step_of_the_loop():
@@ -68,10 +74,11 @@ def test_the_walkthrough_reaches_a_training_step_with_compaction(tmp_path, monke
     for name, content in doc_files(text).items():
         (tmp_path / name).write_text(content)
     monkeypatch.chdir(tmp_path)
-    for command in doc_commands(text):
-        if runnable(command):
-            argv = command + SMALL.get(command[0], [])
-            assert main(argv) == 0, f"`agentrl {shlex.join(argv)}` failed"
+    commands = doc_commands(text)
+    assert unknown_commands(commands) == []  # none skipped: a typo fails here
+    for command in commands:
+        argv = command + SMALL.get(command[0], [])
+        assert main(argv) == 0, f"`agentrl {shlex.join(argv)}` failed"
     out = capsys.readouterr().out
     assert "logsearch: 120 played, 120 correct" in out  # 3:1 of 160 demonstrations
     assert "reward 1" in out  # check-env's scripted episode

@@ -41,9 +41,13 @@ class ModelConfig(_Section):
     """COMPUTE dtype of training forwards/backwards and of the engines. Master weights,
     gradients, their reduction over ranks and the optimizer state are always float32
     (FSDP2 mixed precision); log-probs and the loss are float32. "auto": bfloat16 on a
-    GPU (flash-attn needs it), float32 on the CPU."""
-    attention: Literal["auto", "flash", "torch"] = "auto"
-    """Varlen attention backend: flash-attn when importable on a GPU ("auto"), else PyTorch."""
+    GPU (the varlen kernels need it), float32 on the CPU."""
+    attention: Literal["auto", "varlen", "flash", "torch"] = "auto"
+    """Varlen attention backend. "auto": torch's own varlen kernel
+    (`torch.nn.attention.varlen`, flash kernels, nothing to build) on a GPU of compute
+    capability 8.0+ in bf16/fp16, else the exact per-row PyTorch path (the run prints
+    which and why). "varlen": that kernel or an error; "flash": flash-attn (the optional
+    `agentrl[flash]` extra) or an error; "torch": the per-row path everywhere."""
 
 
 class BatchConfig(_Section):
@@ -301,10 +305,13 @@ class TrainConfig(_Section):
     deterministic: bool = False
     """Results that do not depend on batching or timing, so a resume is bit-exact: the
     torch engine decodes batch-invariantly (every slot, whole span, every step) and a
-    collection keeps groups in launch order. Needs rollout.engine = "torch"; slower
-    decoding (bench/batch_invariance.py). Off: a resume loses no rollout and trains none
-    twice, counters and metrics continue exactly, and the weights continue from the
-    checkpoint, but the samples after it may differ in the last bits (docs/resume.md)."""
+    collection keeps groups in launch order. On a GPU also deterministic kernels
+    (`torch.use_deterministic_algorithms`, which torch's flash-attention backward obeys;
+    flash-attn's `deterministic=True`): an op without one then raises. Needs
+    rollout.engine = "torch"; slower decoding (bench/batch_invariance.py). Off: a resume
+    loses no rollout and trains none twice, counters and metrics continue exactly, and the
+    weights continue from the checkpoint, but the samples after it may differ in the last
+    bits (docs/resume.md)."""
     collective_timeout_s: PositiveFloat | None = None
     """Seconds any collective (all-reduce, all-gather, broadcast) may take before the job
     fails. None: derived above the rollout and validation budgets (see
@@ -326,6 +333,13 @@ class TrainConfig(_Section):
     """Positions per chunk when the training forward turns hidden states into log-probs
     (>= 1): the head's transient tensors are [chunk, vocabulary] (never [micro-batch,
     vocabulary])."""
+    gradient_sync: Literal["update", "micro_batch"] = "update"
+    """When gradients are reduce-scattered over the ranks (FSDP2): "update", once per
+    optimizer update, after its last micro-batch (the ones before accumulate unsharded
+    fp32 gradients: 4 bytes per parameter on every rank, which `agentrl plan` counts);
+    "micro_batch", after every micro-batch (gradients stay sharded: less memory, one
+    reduce-scatter of the whole model per micro-batch). Same gradient either way. One
+    rank has nothing to communicate and always takes "micro_batch"."""
 
 
 class LogConfig(_Section):

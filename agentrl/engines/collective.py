@@ -149,6 +149,7 @@ class NcclSender:
         self.timeout_s = timeout_s
         self._info: dict[str, Any] = {}
         self._comm: Any = None
+        self._stream: Any = None
 
     def open(self, advertise_host: str, world_size: int) -> dict[str, Any]:
         """Pick the rendezvous port; returns vLLM's ``NCCLWeightTransferInitInfo``."""
@@ -169,16 +170,34 @@ class NcclSender:
         """Extra fields of a bucket's update message (none: the data is broadcast)."""
         return {}
 
+    @property
+    def stream(self) -> Any:
+        """The CUDA stream the broadcasts run on: their own, never the trainer's (a
+        broadcast stuck waiting for a replica must not hold the training kernels queued
+        behind it)."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        return self._stream
+
     def send(self, tensors: list[torch.Tensor]) -> None:
-        """One broadcast per tensor, in order (vLLM's unpacked receiver)."""
-        stream = torch.cuda.current_stream()
-        for tensor in tensors:
-            tensor = tensor.detach().to(f"cuda:{torch.cuda.current_device()}").contiguous()
-            self._comm.broadcast(tensor, src=0, stream=stream)
+        """One broadcast per tensor, in order (vLLM's unpacked receiver), on the sync's
+        own stream after the work that produced the tensors; returns once they are sent."""
+        stream, producer = self.stream, torch.cuda.current_stream()
+        stream.wait_stream(producer)
+        with torch.cuda.stream(stream):
+            for tensor in tensors:
+                tensor = tensor.detach().to(f"cuda:{torch.cuda.current_device()}").contiguous()
+                tensor.record_stream(stream)
+                self._comm.broadcast(tensor, src=0, stream=stream)
         stream.synchronize()
 
+    def abort(self) -> None:
+        """Abort the communicator (``ncclCommAbort``): a broadcast stuck on the GPU exits
+        instead of staying queued; the next sync builds a new group."""
+        self.close()
+
     def close(self) -> None:
-        """Destroy the communicator."""
+        """Destroy the communicator (vLLM's ``destroy`` aborts it)."""
         comm, self._comm = self._comm, None
         if comm is not None and hasattr(comm, "destroy"):
             comm.destroy()

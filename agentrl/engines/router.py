@@ -13,7 +13,8 @@ version among its replicas.
 
 Colocated placement: ``release_memory`` puts every replica to sleep (vLLM's sleep mode;
 the built-in engine frees its KV cache) so that training gets the memory back; a sync
-wakes the weights first, and the next generation wakes the rest.
+wakes the weights first, and the next generation wakes the rest. Before any wake-up the
+trainer's cached CUDA blocks go back to the driver (``release_cached_memory``).
 """
 
 from __future__ import annotations
@@ -28,10 +29,20 @@ import torch
 
 from agentrl.engines.http import ReplicaUnavailableError
 from agentrl.engines.interface import Generation, NamedTensors, SamplingParams, next_version
+from agentrl.engines.replica_figures import ReplicaFigures
 from agentrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, push_weights
 
 MAX_REMEMBERED_KEYS = 65536
 """Rollout keys whose replica is remembered (the oldest are forgotten first)."""
+
+
+def release_cached_memory() -> None:
+    """Hand the blocks this process's CUDA allocator caches (the trainer's freed
+    activations and gradients) back to the driver, so a colocated vLLM replica waking up
+    finds them free: vLLM allocates outside torch's cache, and without this the GPU would
+    hold the training peak and the engine's share at once."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 class NoReplicaError(RuntimeError):
@@ -57,6 +68,8 @@ class EngineRouter:
         self.weight_dtype = weight_dtype
         self.outstanding_tokens = [0] * len(self.replicas)
         self.num_requests = [0] * len(self.replicas)
+        self.figures = ReplicaFigures(len(self.replicas))
+        """Per-replica work since the last step (``replica_figures``)."""
         self.down: dict[int, str] = {}
         """Replicas out of service, with the reason."""
         self._home: OrderedDict[str, int] = OrderedDict()
@@ -83,13 +96,24 @@ class EngineRouter:
         cost = len(prompt_ids) + params.max_tokens
         self.outstanding_tokens[index] += cost
         self.num_requests[index] += 1
+        self.figures.started(index, key, self.outstanding_tokens[index])
+        generated = None
         try:
-            return await self.replicas[index].generate(prompt_ids, params, key=key)
+            generation = await self.replicas[index].generate(prompt_ids, params, key=key)
+            generated = len(generation.token_ids)
+            return generation
         except ReplicaUnavailableError as exc:
             self._take_out(index, str(exc))
             raise
         finally:
             self.outstanding_tokens[index] -= cost
+            self.figures.finished(index, generated)
+
+    def replica_figures(self) -> dict[str, float]:
+        """Per replica since the last call (one step): requests, rollouts, generated tokens,
+        tokens/s while busy, outstanding-token peak, served version, failures, seconds out
+        of service; ``replica/<i>/<name>`` in metrics.jsonl."""
+        return self.figures.take([r.weight_version for r in self.replicas])
 
     def pick(self, key: str | None) -> int:
         """The replica for a request: the key's home while it is in service, else the
@@ -140,6 +164,7 @@ class EngineRouter:
                     break
 
     def _wake(self, tags: list[str] | None) -> None:
+        release_cached_memory()
         for i in self._healthy():
             self.replicas[i].wake_up(tags)
         self._asleep = tags is not None  # only a full wake-up ends the sleep
@@ -155,5 +180,6 @@ class EngineRouter:
         if index in self.down:
             return
         self.down[index] = reason
+        self.figures.taken_out(index)
         warnings.warn(f"inference replica {index} taken out of service: {reason}",
                       stacklevel=3)

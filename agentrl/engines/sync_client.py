@@ -13,6 +13,7 @@ the next sync.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import socket
 from typing import Any, Protocol
 
@@ -22,6 +23,7 @@ from agentrl.engines.collective import make_sender, update_info
 from agentrl.engines.http import post_json_blocking, split_url
 from agentrl.engines.interface import WeightSyncError
 from agentrl.engines.weight_sync import in_thread
+from agentrl.parallel import groups
 
 
 class ControlPlane(Protocol):
@@ -107,14 +109,20 @@ class CollectiveSync:
             raise
 
     def load_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
-        """The replica receives (control call) while the trainer broadcasts (data)."""
+        """The replica receives (control call) while the trainer broadcasts (data). Over
+        NCCL the bucket waits its turn on the GPU (``groups.one_communicator_at_a_time``:
+        never beside the trainer's collectives); a timeout aborts the communicator, so
+        its kernel leaves the GPU, and raises naming the replica."""
         sender = self._sender
+        turn = (groups.one_communicator_at_a_time(sender.stream)
+                if getattr(sender, "transport", "") == "nccl" else contextlib.nullcontext())
         try:
-            info = {**update_info(bucket), **sender.describe(bucket)}
-            self._both(in_thread(self.control.update_weights, info),
-                       in_thread(sender.send, [t for _, t in bucket]), "update_weights")
+            with turn:
+                info = {**update_info(bucket), **sender.describe(bucket)}
+                self._both(in_thread(self.control.update_weights, info),
+                           in_thread(sender.send, [t for _, t in bucket]), "update_weights")
         except BaseException:
-            self.close()
+            self.abort()
             raise
 
     def finish_weight_update(self, version: int | None) -> None:
@@ -127,6 +135,13 @@ class CollectiveSync:
         sender, self._sender = self._sender, None
         if sender is not None:
             sender.close()
+
+    def abort(self) -> None:
+        """After a failure: abort the data plane (an NCCL communicator's pending kernels
+        exit), then forget it."""
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            getattr(sender, "abort", sender.close)()
 
     def _connect(self) -> None:
         sender = make_sender(self.transport, self.sync_timeout_s, self.gpus)

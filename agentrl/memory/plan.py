@@ -205,9 +205,11 @@ def _plan(config: Config, args: ModelArgs, gpu_bytes: float, num_ranks: int) -> 
                    f"{tokens} tokens × {per_token / 1024:.1f} KiB/token, activation "
                    f"checkpointing {'on' if checkpointing else 'off'} ({other / 1024:.1f} "
                    f"KiB/token {'off' if checkpointing else 'on'})", "training"),
+        *_gradient_terms(config, total, num_ranks),
         _backward_working_set(args, b, tokens, checkpointing, config.train.logprob_chunk_tokens,
-                              root),
+                              root, layer, num_ranks, tokens * per_token),
         *_engine_shares(config, args, gpu_bytes, b),
+        *_snapshot_terms(config, total, b),
         MemoryTerm("runtime reserve", RUNTIME_RESERVE_BYTES,
                    "CUDA context, NCCL buffers, allocator fragmentation (rule of thumb)"),
     ]
@@ -219,24 +221,61 @@ def _count(num: int) -> str:
     return f"{num / 1e9:.2f}B" if num >= 1e9 else f"{num / 1e6:.1f}M"
 
 
+def _gradient_terms(config: Config, total_params: int, num_ranks: int) -> list[MemoryTerm]:
+    """train.gradient_sync = "update": until an update's last micro-batch, FSDP2 keeps each
+    parameter's gradient unsharded in fp32 on every rank (no reduce-scatter yet). One
+    rank has nothing to communicate and syncs every micro-batch."""
+    if config.train.gradient_sync != "update" or num_ranks == 1:
+        return []
+    return [MemoryTerm("accumulated gradients", 4 * total_params,
+                       f"{_count(total_params)} params × 4 B: unsharded fp32 gradients "
+                       "between an update's micro-batches (train.gradient_sync = \"update\"; "
+                       "\"micro_batch\" keeps them sharded)", "training")]
+
+
 def _backward_working_set(args: ModelArgs, b: int, tokens: int, checkpointing: bool,
-                          chunk: int, root_params: int) -> MemoryTerm:
-    """The largest transient of backward: the LM head's chunk ([chunk, V] logits in
-    compute dtype, their fp32 gradient and its compute-dtype copy; the head's weight
-    gradient [V, H] accumulated in fp32 plus one chunk's product), or one layer (its
-    recomputed activations when checkpointed, and their gradients) while the root's
-    gradient waits in compute dtype."""
+                          chunk: int, root_params: int, layer_params: int, num_ranks: int,
+                          activations: float) -> MemoryTerm:
+    """The largest transient of backward, of three moments:
+
+    - the LM head's chunk ([chunk, V] logits in compute dtype, their fp32 gradient and its
+      compute-dtype copy; the head's weight gradient [V, H] accumulated in fp32 plus one
+      chunk's product);
+    - one layer (its recomputed activations when checkpointed, and their gradients) while
+      the root's gradient waits in compute dtype and the previous layer's fp32
+      reduce-scatter buffer is in flight (FSDP2 keeps one);
+    - the root unit's reduce-scatter at the very end (embeddings and head: their
+      compute-dtype gradient, FSDP2's fp32 copy-in buffer and its 1/N output), when the
+      activations are gone (so only what exceeds them is added).
+    """
     vocab, hidden = args.vocab_size, args.hidden_size
     head = chunk * vocab * (2 * b + 4) + vocab * hidden * (4 + (b if b != 4 else 0))
     full_layer = tokens * layer_bytes_per_token(args, b, checkpointing=False)
-    layer = full_layer * (2 if checkpointing else 1) + b * root_params
-    if head >= layer:
-        return MemoryTerm("backward working set", head,
-                          f"log-prob chunk [{chunk} × {vocab}] and the head's fp32 gradient",
-                          "training")
-    what = "one recomputed layer and its gradients" if checkpointing else "one layer's gradients"
-    return MemoryTerm("backward working set", layer, f"{what} at {tokens} tokens, root gradient",
-                      "training")
+    layer = full_layer * (2 if checkpointing else 1) + b * root_params + 4 * layer_params
+    root = (b + 4 + 4 / num_ranks) * root_params - activations
+    candidates = [
+        (head, f"log-prob chunk [{chunk} × {vocab}] and the head's fp32 gradient"),
+        (layer, ("one recomputed layer and its gradients" if checkpointing else
+                 "one layer's gradients") + f" at {tokens} tokens, root gradient, the previous "
+         "layer's fp32 reduce-scatter buffer"),
+        (root, "the root unit's gradient reduce-scatter at the end of backward (its "
+               f"{_count(root_params)} params: compute-dtype gradient + fp32 buffer), "
+               "beyond the freed activations"),
+    ]
+    size, detail = max(candidates, key=lambda c: c[0])
+    return MemoryTerm("backward working set", size, detail, "training")
+
+
+def _snapshot_terms(config: Config, total_params: int, b: int) -> list[MemoryTerm]:
+    """Asynchronous collection on a thread (rollout.max_staleness >= 1): after each step
+    the trainer clones the whole policy in the compute dtype on its GPU for the
+    collector; the newest copy waits for the engine while the next is being made, so up
+    to two are alive, during training too. (A collector process receives CPU tensors.)"""
+    if config.rollout.max_staleness == 0 or config.rollout.collector != "thread":
+        return []
+    return [MemoryTerm("weight snapshots", 2 * b * total_params,
+                       f"up to 2 copies of the policy in the compute dtype for the "
+                       f"asynchronous collector ({_count(total_params)} params × {b} B × 2)")]
 
 
 def _engine_shares(config: Config, args: ModelArgs, gpu_bytes: float,
@@ -263,9 +302,13 @@ def _engine_shares(config: Config, args: ModelArgs, gpu_bytes: float,
     weights, kv = share.weight_bytes_per_replica, share.kv_cache_bytes_per_replica
     slots = config.rollout.max_concurrent_rollouts
     max_len = engine_max_len(config, args.max_position_embeddings)
-    return [MemoryTerm("engine model copy", weights, "the built-in engine's weights"),
-            MemoryTerm("engine KV cache", kv, f"{slots} slots × {max_len} tokens; freed "
-                       "while training", "generation")]
+    if config.rollout.max_staleness > 0:  # it generates the next collection meanwhile
+        kv_term = MemoryTerm("engine KV cache", kv, f"{slots} slots × {max_len} tokens; in "
+                             "use while training (asynchronous collection)")
+    else:
+        kv_term = MemoryTerm("engine KV cache", kv, f"{slots} slots × {max_len} tokens; freed "
+                             "while training", "generation")
+    return [MemoryTerm("engine model copy", weights, "the built-in engine's weights"), kv_term]
 
 
 def _with(config: Config, section: str, **changes: object) -> Config:
@@ -296,6 +339,11 @@ def _suggestions(config: Config, args: ModelArgs, plan: MemoryPlan) -> list[str]
         on = _with(config, "train", activation_checkpointing=True)
         if _plan(on, args, plan.gpu_bytes, plan.num_ranks).fits:
             out.append("train.activation_checkpointing = true")
+    if config.train.gradient_sync == "update":
+        per_micro = _with(config, "train", gradient_sync="micro_batch")
+        if _plan(per_micro, args, plan.gpu_bytes, plan.num_ranks).fits:
+            out.append('train.gradient_sync = "micro_batch" (gradients stay sharded; one '
+                       "reduce-scatter per micro-batch)")
     longest_row = engine_max_len(config, args.max_position_embeddings)
     if plan.max_fitting_tokens >= longest_row:
         out.append(f"batch.max_tokens_per_microbatch = {plan.max_fitting_tokens}")

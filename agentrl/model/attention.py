@@ -1,17 +1,29 @@
-"""Varlen causal attention: flash-attn's kernel on a GPU, an exact PyTorch path elsewhere.
+"""Varlen causal attention: torch's varlen kernel on a GPU, an exact PyTorch path elsewhere.
 
-This is the only module that touches flash-attn. Rows are concatenated along the token
-dimension and delimited by ``cu_seqlens`` (cumulative row lengths, starting at 0); no
-token attends across a row boundary.
+Rows are concatenated along the token dimension and delimited by ``cu_seqlens``
+(cumulative row lengths, starting at 0); no token attends across a row boundary. Three
+backends sit behind :func:`varlen_attention`, all with the same inputs and results (to
+float rounding; a test checks each against the others where it can run):
 
-The PyTorch path runs one ``scaled_dot_product_attention(is_causal=True)`` per row. On
-CPU that is far faster than one SDPA over the whole pack with a block-diagonal mask (the
-mask path does T^2 work for every row; see bench/attention.py) and its backward is exact.
+- ``"varlen"``: ``torch.nn.attention.varlen.varlen_attn``, torch's own flash kernels on
+  CUDA (bf16/fp16, compute capability 8.0+). Nothing to build: the GPU default.
+- ``"flash"``: flash-attn's ``flash_attn_varlen_func``, an optional extra
+  (``pip install agentrl[flash]``, built from source, see the README); only when asked.
+- ``"torch"``: one ``scaled_dot_product_attention(is_causal=True)`` per row, exact. On
+  CPU far faster than one SDPA over the whole pack with a block-diagonal mask (the mask
+  path does T^2 work for every row; see bench/attention.py).
+
+``deterministic`` asks for a backward that sums in a fixed order: flash-attn takes it as
+an argument; torch's flash backward reads ``torch.use_deterministic_algorithms`` (the run
+sets it with ``train.deterministic`` on a GPU, :func:`use_deterministic_kernels`); the
+per-row path is deterministic already.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -22,53 +34,84 @@ HAS_FLASH_ATTN: bool = (
 )
 """flash-attn is importable and a CUDA device is present."""
 
-Backend = Literal["flash", "torch"]
+HAS_VARLEN: bool = (
+    importlib.util.find_spec("torch.nn.attention.varlen") is not None
+    and torch.cuda.is_available()
+)
+"""torch ships its varlen kernel (2.10+) and a CUDA device is present."""
+
+Backend = Literal["varlen", "flash", "torch"]
+CHOICES = ("auto", "varlen", "flash", "torch")
+MIN_CAPABILITY = (8, 0)
+"""torch's flash kernels need Ampere or newer."""
 
 
 def resolve_backend(choice: str) -> Backend:
-    """Turn ModelConfig.attention ("auto" | "flash" | "torch") into the backend to use."""
-    if choice == "torch":
-        return "torch"
-    if choice == "flash":
-        if not HAS_FLASH_ATTN:
-            raise ValueError(
-                'model.attention = "flash" but flash-attn is not importable or no CUDA '
-                "device is present; run `pip install agentrl[gpu]` on a GPU machine, or set "
-                'model.attention = "auto" to fall back to PyTorch attention.'
-            )
-        return "flash"
+    """ModelConfig.attention ("auto" | "varlen" | "flash" | "torch") on this machine's
+    default device and dtype: what a model built without ``choose_backend`` uses (the
+    inputs' device and dtype still decide at each call, see ``varlen_attention``)."""
+    if choice not in CHOICES:
+        raise ValueError(f"model.attention = {choice!r}; expected one of {CHOICES}")
     if choice == "auto":
-        return "flash" if HAS_FLASH_ATTN else "torch"
-    raise ValueError(f'model.attention = {choice!r}; expected "auto", "flash" or "torch"')
+        return "varlen" if HAS_VARLEN else "torch"
+    if choice == "flash" and not HAS_FLASH_ATTN:
+        raise ValueError(
+            'model.attention = "flash" but flash-attn is not importable or no CUDA device '
+            'is present; use model.attention = "auto" (torch\'s varlen kernel, nothing to '
+            "build) or install the extra: pip install agentrl[flash] --no-build-isolation")
+    return choice  # type: ignore[return-value]
 
 
 def choose_backend(choice: str, compute_dtype: torch.dtype, device: torch.device,
-                   flash_available: bool = HAS_FLASH_ATTN) -> tuple[Backend, str]:
+                   flash_available: bool = HAS_FLASH_ATTN,
+                   capability: tuple[int, int] | None = None) -> tuple[Backend, str]:
     """The attention backend a run will use and a one-line reason (printed at start-up).
 
-    flash-attn whenever it is installed, the device is a GPU and the compute dtype is
-    bf16/fp16 (its kernel takes nothing else); otherwise the exact PyTorch path, and the
-    reason says which condition failed. An explicit "flash" that cannot run is an error.
+    "auto": torch's varlen kernel on a GPU of compute capability 8.0+ in bf16/fp16, else
+    the exact per-row path, the reason naming the condition that failed. "varlen" and
+    "flash" that cannot run are errors; "flash" needs flash-attn installed.
     """
-    low_precision = compute_dtype in (torch.float16, torch.bfloat16)
+    if choice not in CHOICES:
+        raise ValueError(f"model.attention = {choice!r}; expected one of {CHOICES}")
     if choice == "torch":
         return "torch", "PyTorch SDPA per row (model.attention = \"torch\")"
-    if choice not in ("auto", "flash"):
-        raise ValueError(f'model.attention = {choice!r}; expected "auto", "flash" or "torch"')
-    why_not = None
-    if not flash_available:
-        why_not = "flash-attn is not installed (pip install agentrl[gpu])"
-    elif device.type != "cuda":
-        why_not = f"the model runs on {device.type}, flash-attn needs a GPU"
-    elif not low_precision:
-        why_not = (f"the compute dtype is {str(compute_dtype).removeprefix('torch.')}; "
-                   'flash-attn needs bfloat16 (model.dtype = "bfloat16" or "auto")')
+    kernel = "flash-attn varlen" if choice == "flash" else "torch varlen_attn"
+    why_not = _why_no_kernel(compute_dtype, device, capability)
+    if why_not is None and choice == "flash" and not flash_available:
+        why_not = ("flash-attn is not installed (pip install agentrl[flash] "
+                   "--no-build-isolation)")
+    dtype = str(compute_dtype).removeprefix("torch.")
     if why_not is None:
-        return "flash", f"flash-attn varlen ({str(compute_dtype).removeprefix('torch.')})"
-    if choice == "flash":
-        raise ValueError(f'model.attention = "flash" cannot run: {why_not}; fix that or set '
-                         'model.attention = "auto"')
+        return ("flash" if choice == "flash" else "varlen"), f"{kernel} ({dtype})"
+    if choice != "auto":
+        raise ValueError(f"model.attention = {choice!r} cannot run: {why_not}; fix that or "
+                         'set model.attention = "auto"')
     return "torch", f"PyTorch SDPA per row, because {why_not}"
+
+
+def _why_no_kernel(dtype: torch.dtype, device: torch.device,
+                   capability: tuple[int, int] | None) -> str | None:
+    if device.type != "cuda":
+        return f"the model runs on {device.type}, the varlen kernels need a GPU"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return (f"the compute dtype is {str(dtype).removeprefix('torch.')}; the varlen "
+                'kernels need bfloat16 (model.dtype = "bfloat16" or "auto")')
+    if capability is None:
+        capability = torch.cuda.get_device_capability(device)
+    if tuple(capability) < MIN_CAPABILITY:
+        return (f"the GPU's compute capability is {capability[0]}.{capability[1]}; the "
+                "varlen kernels need 8.0 or newer")
+    return None
+
+
+def use_deterministic_kernels(on_gpu: bool) -> None:
+    """``train.deterministic`` on a GPU: kernels whose backward sums in a fixed order
+    (torch's flash-attention backward among them; cuBLAS with a fixed workspace). An op
+    with no deterministic kernel then raises instead of silently differing."""
+    if not on_gpu:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
 
 
 def varlen_attention(
@@ -78,33 +121,44 @@ def varlen_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     backend: Backend | None = None,
+    bounds: Sequence[int] | None = None,
+    deterministic: bool = False,
 ) -> torch.Tensor:
     """Causal attention within each row of a pack.
 
     q: [total, H, D]; k, v: [total, KVH, D] with H a multiple of KVH (GQA);
-    cu_seqlens: int [num_rows + 1]. Returns [total, H, D]. The flash path needs a CUDA
-    tensor in fp16/bf16; other inputs take the PyTorch path, which gives the same result.
-    ``backend`` None means flash-attn when available (HAS_FLASH_ATTN), else PyTorch.
+    cu_seqlens: int [num_rows + 1] (on q's device for the kernels); ``max_seqlen`` and
+    ``bounds`` (cu_seqlens as host ints) come from the host so no backend waits for the
+    GPU. Returns [total, H, D]. The kernels need a CUDA tensor in fp16/bf16; other inputs
+    take the per-row path, which gives the same result. ``backend`` None: "auto".
     """
     backend = backend or resolve_backend("auto")
-    if backend == "flash" and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        return _flash(q, k, v, cu_seqlens, max_seqlen)
-    return _torch_per_row(q, k, v, cu_seqlens)
+    if backend != "torch" and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
+        if backend == "flash":
+            return _flash(q, k, v, cu, max_seqlen, deterministic)
+        return _torch_varlen(q, k, v, cu, max_seqlen)
+    return _torch_per_row(q, k, v, cu_seqlens.tolist() if bounds is None else bounds)
 
 
-def _flash(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
-) -> torch.Tensor:
+def _torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
+                  max_seqlen: int) -> torch.Tensor:
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, window_size=(-1, 0),
+                       enable_gqa=k.shape[1] != q.shape[1])
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
+           max_seqlen: int, deterministic: bool) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func  # lazy: optional GPU dependency
 
-    cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    return flash_attn_varlen_func(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=True)
+    return flash_attn_varlen_func(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=True,
+                                  deterministic=deterministic)
 
 
-def _torch_per_row(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor
-) -> torch.Tensor:
-    bounds = cu_seqlens.tolist()
+def _torch_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   bounds: Sequence[int]) -> torch.Tensor:
     outs = []
     for start, end in zip(bounds[:-1], bounds[1:], strict=True):
         if end == start:

@@ -81,7 +81,7 @@ def chunked_target_logprobs(
     ``positions`` (int64 [M], indices into the flattened targets): only those positions
     get the head (forward and backward); the others read 0 and pass no gradient. In
     agentic rows most tokens are prompts and tool output, which the loss never reads.
-    Give them from the host (``agentrl.train.update.head_positions``): finding them on a GPU
+    Give them from the host (``MicroBatch.head_positions``): finding them on a GPU
     would wait for the queued forward.
     """
     if chunk < 1:

@@ -18,6 +18,8 @@ keeps only its input for backward and recomputes the rest (``configure_memory``)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,9 +66,12 @@ class _Context:
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         span: int | None = None,
+        bounds: list[int] | None = None,
+        deterministic: bool = False,
     ) -> None:
         self.cos, self.sin = cos, sin
-        self.cu_seqlens, self.max_seqlen = cu_seqlens, max_seqlen
+        self.cu_seqlens, self.max_seqlen, self.bounds = cu_seqlens, max_seqlen, bounds
+        self.deterministic = deterministic
         self.cache, self.slots, self.positions, self.mask = cache, slots, positions, mask
         self.span = span
 
@@ -100,7 +105,8 @@ class Attention(nn.Module):
             out = self._cached(q, k, v, ctx)
         elif ctx.cu_seqlens is not None:
             out = varlen_attention(
-                q[0], k[0], v[0], ctx.cu_seqlens, ctx.max_seqlen, self.backend
+                q[0], k[0], v[0], ctx.cu_seqlens, ctx.max_seqlen, self.backend,
+                bounds=ctx.bounds, deterministic=ctx.deterministic,
             ).unsqueeze(0)
         else:
             out = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
@@ -190,12 +196,15 @@ class LMHead(nn.Linear):
 
 
 class CausalLM(nn.Module):
-    """Decoder + LM head. ``attention``: "auto" | "flash" | "torch" (ModelConfig.attention)."""
+    """Decoder + LM head. ``attention``: "auto" | "varlen" | "flash" | "torch"
+    (ModelConfig.attention)."""
 
     def __init__(self, config: ModelArgs, attention: str = "auto") -> None:
         super().__init__()
         self.config = config
         self.attention_backend = resolve_backend(attention)
+        self.deterministic_attention = False
+        """Ask the attention kernels for a deterministic backward (train.deterministic)."""
         self.model = Decoder(config, self.attention_backend)
         self.lm_head = LMHead(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
@@ -235,6 +244,7 @@ class CausalLM(nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = True,
         positions: torch.Tensor | None = None,
+        bounds: Sequence[int] | None = None,
     ) -> torch.Tensor | TokenScores:
         """Logits [B, T, V] in fp32 for input_ids [B, T]; with ``targets`` [B, T] instead
         ``TokenScores``: log_softmax(logits / temperature)[target] [B, T] in fp32 and the
@@ -245,18 +255,22 @@ class CausalLM(nn.Module):
 
         With ``cu_seqlens`` (B must be 1) the row holds several rows back to back and
         attention stays inside each; position ids then restart at 0 per row (derived from
-        cu_seqlens when not given).
+        cu_seqlens when not given). ``bounds``: the same boundaries as host ints (a
+        ``MicroBatch``'s); given, nothing in the forward reads a device tensor back.
         """
         b, t = input_ids.shape
-        max_seqlen = t
+        max_seqlen, host_bounds = t, None
         if cu_seqlens is not None:
-            cu_seqlens, max_seqlen = _check_cu_seqlens(cu_seqlens, b, t)
+            host_bounds = check_bounds(cu_seqlens.tolist() if bounds is None else bounds,
+                                       b, t)
+            max_seqlen = max_row_length(host_bounds)
             if position_ids is None:
-                position_ids = positions_from_cu_seqlens(cu_seqlens).unsqueeze(0)
+                position_ids = positions_from_cu_seqlens(cu_seqlens, t).unsqueeze(0)
         if position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
         cos, sin = self._rope(position_ids.to(input_ids.device))
-        ctx = _Context(cos, sin, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        ctx = _Context(cos, sin, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                       bounds=host_bounds, deterministic=self.deterministic_attention)
         hidden = self._hidden(input_ids, ctx)
         if targets is None:
             return self.lm_head(hidden)
@@ -319,21 +333,31 @@ class CausalLM(nn.Module):
         return self.model.norm(x)
 
 
-def _check_cu_seqlens(cu_seqlens: torch.Tensor, b: int, t: int) -> tuple[torch.Tensor, int]:
+def check_bounds(bounds: Sequence[int], b: int, t: int) -> list[int]:
+    """Row boundaries of a pack (cu_seqlens as host ints), checked: they start at 0, never
+    decrease and end at the packed length ``t``; the batch holds one packed row."""
     if b != 1:
         raise ValueError(f"forward with cu_seqlens needs batch size 1 (one packed row), got {b}")
-    bounds = cu_seqlens.tolist()
+    bounds = [int(x) for x in bounds]
     lengths = [y - x for x, y in zip(bounds[:-1], bounds[1:], strict=True)]
-    if bounds[0] != 0 or bounds[-1] != t or min(lengths, default=0) < 0:
+    if not bounds or bounds[0] != 0 or bounds[-1] != t or min(lengths, default=0) < 0:
         raise ValueError(
             f"cu_seqlens {bounds} must start at 0, never decrease and end at the packed length {t}"
         )
-    return cu_seqlens, max(lengths, default=0)
+    return bounds
 
 
-def positions_from_cu_seqlens(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Position ids [total] restarting at 0 at every row start of a pack."""
+def max_row_length(bounds: Sequence[int]) -> int:
+    """The longest row of a pack, from its host boundaries."""
+    return max((y - x for x, y in zip(bounds[:-1], bounds[1:], strict=True)), default=0)
+
+
+def positions_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int | None = None
+                              ) -> torch.Tensor:
+    """Position ids [total] restarting at 0 at every row start of a pack. ``total`` (the
+    packed length, a host int) spares reading it back from the device."""
     cu = cu_seqlens.long()
+    total = int(cu[-1]) if total is None else total
     lengths = cu[1:] - cu[:-1]
-    starts = torch.repeat_interleave(cu[:-1], lengths)
-    return torch.arange(int(cu[-1]), device=cu.device) - starts
+    starts = torch.repeat_interleave(cu[:-1], lengths, output_size=total)
+    return torch.arange(total, device=cu.device) - starts

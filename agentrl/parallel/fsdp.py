@@ -4,9 +4,15 @@ ranks, low-precision compute, fp32 gradient reduction.
 ``fully_shard`` wraps every decoder layer and then the root (embeddings, final norm and
 LM head; a tied head shares the embedding's shard). Each rank keeps 1/N of the fp32
 parameters, gradients and AdamW state; a layer's parameters are all-gathered in the
-compute dtype just before it runs and freed after. Gradients are reduce-scattered in
-fp32 and SUMMED (divide factor 1): the loss already divides by the whole update's token
-count over all ranks, so a sum gives each token its 1/N weight whatever the rank count.
+compute dtype just before it runs and freed after (and gathered again for backward).
+The root of a model being trained stays gathered from its forward to its backward, which
+needs it first thing (one all-gather per micro-batch saved; FSDP2's own default for the
+root, which an explicit ``reshard_after_forward=True`` would override). Gradients are
+reduce-scattered in fp32 and SUMMED (divide factor 1): the loss already divides by the
+whole update's token count over all ranks, so a sum gives each token its 1/N weight
+whatever the rank count. With ``train.gradient_sync = "update"`` they are reduce-scattered
+once per update (:func:`set_gradient_sync`): the micro-batches before the last
+accumulate unsharded fp32 gradients, which the memory plan counts.
 
 Loading never materialises the model on every rank: ranks build it on the meta device,
 shard it, and rank 0 alone reads the Hugging Face checkpoint and broadcasts each tensor
@@ -40,18 +46,19 @@ def compute_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def shard_model(model: nn.Module, compute: torch.dtype | None, device: torch.device,
-                reshard_after_forward: bool = True) -> nn.Module:
+                trained: bool = True) -> nn.Module:
     """``fully_shard`` each decoder layer and the root over all ranks, in place.
 
     ``compute`` (dtype) None computes in the parameters' own dtype. Gradients reduce in
-    fp32 and sum over ranks.
+    fp32 and sum over ranks. ``trained``: the root keeps its gathered parameters from
+    forward to backward; a frozen model (the KL reference, forward only) frees them after
+    each forward instead, as it has no backward to free them.
     """
     mesh = init_device_mesh(device.type, (get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy,
-                    reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=not trained)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # sum, never average, over ranks
@@ -60,15 +67,15 @@ def shard_model(model: nn.Module, compute: torch.dtype | None, device: torch.dev
 
 
 def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: torch.dtype,
-                 compute: torch.dtype, attention: str, device: torch.device
-                 ) -> nn.Module:
+                 compute: torch.dtype, attention: str, device: torch.device,
+                 trained: bool = True) -> nn.Module:
     """The CausalLM of a Hugging Face folder, sharded over all ranks on ``device``
     (collective). ``state`` holds the whole checked state dict on rank 0 (read it there
     first, e.g. with ``groups.run_on_main``) and nothing on the other ranks, which need
     no copy of the folder but its config.
 
     Parameters are stored in ``param_dtype`` (fp32 master weights for the policy; the
-    compute dtype for a frozen reference) and computed in ``compute``.
+    compute dtype for a frozen reference, ``trained`` False) and computed in ``compute``.
     """
     from agentrl.model import CausalLM, read_args
     from agentrl.model.checkpoint import fresh_inv_freq
@@ -77,7 +84,7 @@ def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: 
     with torch.device("meta"):
         model = CausalLM(args, attention=attention)
     model = model.to(param_dtype)
-    shard_model(model, None if compute == param_dtype else compute, device)
+    shard_model(model, None if compute == param_dtype else compute, device, trained)
     model.to_empty(device=device)
     if args.tie_word_embeddings:  # to_empty gives the head a tensor of its own: re-tie
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -134,6 +141,14 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
         params = [p for p in model.parameters() if p.grad is not None]
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
     return float(norm)
+
+
+def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
+    """Whether the next backward reduce-scatters the gradients over the ranks (FSDP2's
+    ``set_requires_gradient_sync``); off, each rank accumulates unsharded fp32 gradients
+    locally until a backward with it on. No-op for a model that is not sharded."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -17,12 +17,70 @@ from __future__ import annotations
 import datetime
 import gc
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+class _FirstComeFirstServed:
+    """A lock taken in the order it was asked for: the trainer, asking again right after
+    each micro-batch, can never starve a waiting weight sync (nor the reverse)."""
+
+    def __init__(self) -> None:
+        self._turns = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+
+    def __enter__(self) -> None:
+        with self._turns:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            self._turns.wait_for(lambda: self._serving == ticket)
+
+    def __exit__(self, *exc: object) -> None:
+        with self._turns:
+            self._serving += 1
+            self._turns.notify_all()
+
+
+_ONE_COMMUNICATOR = _FirstComeFirstServed()
+_SHARED_GPU = threading.Event()
+
+
+def share_gpu_between_threads(shared: bool = True) -> None:
+    """Another thread of this process drives NCCL work on the trainer's GPU at the same
+    time as the trainer (the asynchronous collector's weight syncs): from now on
+    :func:`one_communicator_at_a_time` serializes the two."""
+    if shared:
+        _SHARED_GPU.set()
+    else:
+        _SHARED_GPU.clear()
+
+
+@contextmanager
+def one_communicator_at_a_time(stream: Any = None) -> Iterator[None]:
+    """Hold the GPU for one NCCL communicator's work: the trainer's FSDP2 collectives of
+    one micro-batch (or a weight gather), or one bucket of a weight sync to a replica.
+    NCCL warns that kernels of two communicators running at once on a GPU can deadlock;
+    with asynchronous collection the collector thread syncs weights while the trainer
+    trains. On leaving normally, the work queued on ``stream`` (default: this thread's
+    current stream, where FSDP2's own streams end) has finished, so the next holder never
+    overlaps it; leaving by an error does not wait (a stuck kernel must not hold the
+    lock: the caller aborts its communicator). Free (no lock, no wait) unless
+    :func:`share_gpu_between_threads` is on."""
+    if not _SHARED_GPU.is_set():
+        yield
+        return
+    with _ONE_COMMUNICATOR:
+        yield
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            (stream or torch.cuda.current_stream()).synchronize()
 
 
 def launched_by_torchrun() -> bool:

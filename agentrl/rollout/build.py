@@ -9,9 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from agentrl.config import Config
 from agentrl.config.accounting import plan_batches
 from agentrl.engines.build import build_engines
+from agentrl.parallel import groups
 from agentrl.rollout.async_collector import AsyncCollector
 from agentrl.rollout.runner import RolloutRunner
 from agentrl.sampler import EnvironmentSampler
@@ -27,7 +30,11 @@ def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path | s
 
 def build_collector(config: Config, runner: Any, sampler: EnvironmentSampler,
                     first_step: int) -> Any:
-    """The asynchronous collector producing steps ``first_step ..`` (max_staleness >= 1)."""
+    """The asynchronous collector producing steps ``first_step ..`` (max_staleness >= 1).
+    Its thread syncs weights while the trainer trains: on a GPU the two take turns
+    (``groups.one_communicator_at_a_time``)."""
+    if torch.cuda.is_available():
+        groups.share_gpu_between_threads()
     return AsyncCollector(runner, sampler, plan_batches(config).num_rollouts,
                           config.rollout.max_staleness, first_step, config.train.num_steps,
                           inflight_updates=config.rollout.inflight_updates)

@@ -116,14 +116,18 @@ class DemoSampler:
 
     def sample_tasks(self, num_groups: int) -> list[TaskDraw]:
         """The weighted draws, with file seeds where an environment has them."""
-        draws = []
-        for draw in self.inner.sample_tasks(num_groups):
-            seeds = self.seeds_by_env.get(draw.env)
-            if seeds:
-                draw = TaskDraw(draw.env, seeds[self.used[draw.env] % len(seeds)])
-                self.used[draw.env] += 1
-            draws.append(draw)
-        return draws
+        return [self._with_file_seed(d) for d in self.inner.sample_tasks(num_groups)]
+
+    def tasks_of(self, env: str, num_groups: int) -> list[TaskDraw]:
+        """Replacement tasks of one environment (``EnvironmentSampler.tasks_of``)."""
+        return [self._with_file_seed(d) for d in self.inner.tasks_of(env, num_groups)]
+
+    def _with_file_seed(self, draw: TaskDraw) -> TaskDraw:
+        seeds = self.seeds_by_env.get(draw.env)
+        if not seeds:
+            return draw
+        self.used[draw.env] += 1
+        return TaskDraw(draw.env, seeds[(self.used[draw.env] - 1) % len(seeds)])
 
 
 async def play_demonstrations(

@@ -7,11 +7,13 @@ it keeps them in launch order instead, so which groups a step trains on never de
 timing.
 
 Dynamic sampling (``rollout.filter_uniform_groups``): a group whose valid rewards are all
-equal (or that has no valid rollout) carries no signal and is dropped; the runner keeps
-launching groups, in at most ``rollout.max_extra_collections`` extra rounds, until the
-step has its rollouts. If the cap is reached first it warns and falls back to filling
-the shortfall with the dropped groups (groups with valid rollouts first), so a step
-always trains on the number of rollouts the batch plan promised when it can.
+equal (or that has no valid rollout) carries no signal and is dropped; the runner
+replaces it with a fresh task of the same environment, in at most
+``rollout.max_extra_collections`` extra rounds. The first round's allocation fixes how
+many groups each environment brings (its weight's share), so a collection always holds
+exactly the planned rollouts and each environment exactly its groups, whatever the group
+sizes (invariants 7 and 8). If the cap is reached first it warns and fills each
+environment's shortfall with its own dropped groups (those with valid rollouts first).
 
 Every rollout runs in a fresh environment instance through
 :func:`agentrl.rollout.episode.play_episode` (contained from constructor to close); its
@@ -27,7 +29,7 @@ import functools
 import math
 import random
 import warnings
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -149,24 +151,27 @@ class RolloutRunner:
                 "to start that way.", stacklevel=2)
 
     async def collect(self, step: int, num_rollouts_needed: int) -> CollectionResult:
-        """Collect groups until ``num_rollouts_needed`` rollouts are kept (see module doc)."""
+        """Collect the groups of ``num_rollouts_needed`` rollouts (see module doc).
+
+        The first round's allocation fixes each environment's groups (its share, by the
+        sampler); a group dynamic sampling drops is replaced by a fresh task of the SAME
+        environment, so the collection holds exactly those groups, never more."""
         self.log.reset()
+        filtering = self.config.rollout.filter_uniform_groups
+        max_rounds = 1 + (self.config.rollout.max_extra_collections if filtering else 0)
+        draws = self.sampler.sample_tasks(self._groups_for(num_rollouts_needed))
+        quota = Counter(d.env for d in draws)
         kept: list[Group] = []
         dropped_groups: list[Group] = []
         dropped: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        filtering = self.config.rollout.filter_uniform_groups
-        max_rounds = 1 + (self.config.rollout.max_extra_collections if filtering else 0)
         next_index, rounds = 0, 0
-        while _count(kept) < num_rollouts_needed and rounds < max_rounds:
-            missing = num_rollouts_needed - _count(kept)
-            draws = self.sampler.sample_tasks(self._groups_for(missing))
+        while draws and rounds < max_rounds:
             ids = [f"s{step}-g{next_index + i}" for i in range(len(draws))]
             next_index += len(draws)
             rounds += 1
             async for group in _as_completed(
                 [self.collect_group(gid, d.env, d.seed) for gid, d in zip(ids, draws,
                                                                          strict=True)],
-                stop=lambda: _count(kept) >= num_rollouts_needed,
                 in_launch_order=self.config.train.deterministic,
             ):
                 reason = drop_reason(group) if filtering else None
@@ -175,7 +180,10 @@ class RolloutRunner:
                 else:
                     dropped[group.env][reason] += 1
                     dropped_groups.append(group)
-        fallback = self._fallback(kept, dropped_groups, num_rollouts_needed, rounds)
+            missing = _missing(quota, kept)
+            draws = [d for env, n in missing.items() for d in self.sampler.tasks_of(env, n)]
+        fallback = self._fallback(_missing(quota, kept), dropped_groups, num_rollouts_needed,
+                                  rounds, _count(kept))
         return CollectionResult(
             groups=kept + fallback, dropped={k: dict(v) for k, v in dropped.items()},
             num_rounds=rounds, fallback_groups=len(fallback),
@@ -184,16 +192,22 @@ class RolloutRunner:
         )
 
     def _groups_for(self, num_rollouts: int) -> int:
-        sizes = [self.config.group_size(e) for e in self.config.environments]
-        return max(1, math.ceil(num_rollouts / (sum(sizes) / len(sizes))))
+        """Groups whose expected rollouts are ``num_rollouts``: divided by the group size
+        weighted by each environment's share (exact for the batch plan's collection)."""
+        total = sum(e.weight for e in self.config.environments)
+        size = sum(e.weight / total * self.config.group_size(e)
+                   for e in self.config.environments)
+        groups = num_rollouts / size
+        return max(1, round(groups) if abs(groups - round(groups)) < 1e-6 else
+                   math.ceil(groups))
 
-    def _fallback(self, kept: list[Group], dropped: list[Group], needed: int,
-                  rounds: int) -> list[Group]:
-        missing = needed - _count(kept)
-        if missing <= 0:
+    def _fallback(self, missing: dict[str, int], dropped: list[Group], needed: int,
+                  rounds: int, num_kept: int) -> list[Group]:
+        """Each environment's shortfall filled from its own dropped groups."""
+        if not missing:
             return []
         warnings.warn(
-            f"dynamic sampling kept {_count(kept)} of {needed} rollouts with signal after "
+            f"dynamic sampling kept {num_kept} of {needed} rollouts with signal after "
             f"{rounds} collection round(s) (rollout.max_extra_collections = "
             f"{self.config.rollout.max_extra_collections}); filling with dropped groups, "
             "which add no gradient. Raise max_extra_collections or make tasks harder/easier.",
@@ -202,10 +216,16 @@ class RolloutRunner:
         fill: list[Group] = []
         # groups with valid rollouts first: they at least count toward the token total
         for group in sorted(dropped, key=lambda g: not any(r.valid for r in g.rollouts)):
-            if _count(kept) + _count(fill) >= needed:
-                break
-            fill.append(group)
+            if missing.get(group.env, 0) > 0:
+                fill.append(group)
+                missing[group.env] -= 1
         return fill
+
+
+def _missing(quota: Counter[str], kept: list[Group]) -> dict[str, int]:
+    """Groups each environment still owes the collection (only those with a shortfall)."""
+    have = Counter(g.env for g in kept)
+    return {env: n - have[env] for env, n in quota.items() if n > have[env]}
 
 
 def clip_long_rows(rollout: Rollout, max_tokens: int) -> EnvError | None:
@@ -239,16 +259,13 @@ def _seed_of(rollout_id: str, task_seed: int) -> int:
     return random.Random(f"{task_seed}:{rollout_id}").getrandbits(31)
 
 
-async def _as_completed(coros: list[Any], stop: Callable[[], bool],
-                        in_launch_order: bool = False):
+async def _as_completed(coros: list[Any], in_launch_order: bool = False):
     """Yield results as they finish (or, ``in_launch_order``, in the order given, all
-    still running concurrently); once ``stop()`` holds, cancel the rest."""
+    still running concurrently); cancel what still runs when the caller stops early."""
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
         for next_done in tasks if in_launch_order else asyncio.as_completed(tasks):
             yield await next_done
-            if stop():
-                return
     finally:
         for task in tasks:
             task.cancel()

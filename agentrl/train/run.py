@@ -28,6 +28,7 @@ from agentrl.config import Config
 from agentrl.config.accounting import BatchPlan, plan_batches
 from agentrl.config.schedule import effective_lr
 from agentrl.memory.plan import resolve_activation_checkpointing
+from agentrl.model.attention import use_deterministic_kernels
 from agentrl.observe.writers import JsonlWriter, MultiWriter, build_writers
 from agentrl.packing import CostModel
 from agentrl.parallel import groups
@@ -174,7 +175,8 @@ class Run:
         router buckets and sends them). ``version`` defaults to the served version + 1."""
         tensors = iter_full_parameters(self.model, self.compute_dtype)
         if self.collector is not None:  # generating meanwhile: hand over a snapshot
-            snapshot = {name: tensor.clone() for name, tensor in tensors}
+            with groups.one_communicator_at_a_time():  # the gathers, not beside a sync
+                snapshot = {name: tensor.clone() for name, tensor in tensors}
             self.collector.publish(snapshot, self.state.step if version is None else version)
         elif self.engine is None:
             for _ in tensors:  # ranks 1..N: take part in each gather
@@ -241,6 +243,8 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
     device = groups.local_device()
     compute = compute_dtype(config.model.dtype, device)
     attention = announce_attention(config.model.attention, compute, device, is_main)
+    if config.train.deterministic:  # before any cuBLAS handle exists
+        use_deterministic_kernels(on_gpu=device.type == "cuda")
     # rank 0 alone finds (or builds) the model folder and reads the weights, while the
     # other ranks wait outside any collective; then every rank takes its shards
     found = groups.run_on_main("setup/model", lambda: _model_folders(config, run_dir, resume),
@@ -255,7 +259,7 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
         initial = groups.run_on_main("setup/reference", lambda: read_model_state(initial_dir),
                                      limits.wait_for_rank0_s, group)
         reference = load_sharded(initial_dir, initial or {}, compute, compute, attention,
-                                 device)
+                                 device, trained=False)
         reference.requires_grad_(False)
     configure_memory(config, model, reference, device)
     optimizer = build_optimizer(model, config.optim, lr=effective_lr(config))
@@ -356,13 +360,15 @@ def announce_attention(choice: str, dtype: torch.dtype, device: torch.device,
 
 
 def configure_memory(config: Config, model: Any, reference: Any, device: torch.device) -> None:
-    """Activation checkpointing (train.activation_checkpointing; "auto": on a GPU) and the
-    log-prob chunk of the training forward, for the policy and the reference model."""
+    """Activation checkpointing (train.activation_checkpointing; "auto": on a GPU), the
+    log-prob chunk of the training forward and a deterministic attention backward
+    (train.deterministic), for the policy and the reference model."""
     checkpointing = resolve_activation_checkpointing(config.train.activation_checkpointing,
                                                      on_gpu=device.type == "cuda")
     for m in (model, reference):
         if m is not None:
             m.configure_memory(checkpointing, config.train.logprob_chunk_tokens)
+            m.deterministic_attention = config.train.deterministic
 
 
 def seed_everything(seed: int) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from agentrl.advantage import compute_advantages
+from agentrl.engines.router import EngineRouter
 from agentrl.loss import scores_proximal_policy
 from agentrl.observe.metrics import (
     collection_figures,
@@ -38,7 +39,7 @@ from agentrl.observe.metrics import (
     rollout_figures,
     step_stats,
 )
-from agentrl.packing import MicroBatch, collate, plan_micro_batches
+from agentrl.packing import MicroBatch, collate, copy_to_device, plan_micro_batches
 from agentrl.parallel import groups
 from agentrl.parallel.fsdp import clip_grad_norm
 from agentrl.reassembler import to_rows
@@ -104,6 +105,8 @@ def train_step(run: Run, step: int,
     """One collection and its updates; returns the step's metrics. ``health`` stops the
     run (RunStopped) before training on a collection whose environment is mostly broken."""
     timer = PhaseTimer()
+    if torch.cuda.is_available():  # memory/peak_allocated_gib: this step's own peak
+        torch.cuda.reset_peak_memory_stats()
     with timer("generate"):
         collection = run.collect(step)
     if health is not None:
@@ -111,6 +114,7 @@ def train_step(run: Run, step: int,
                        collection.first_errors)
     with timer("other"):
         rollouts = ordered(collection.rollouts)
+        check_collection_size(len(rollouts), run.plan.num_rollouts, collection.stale_dropped)
         rows = to_rows(rollouts)
         advantages = compute_advantages(
             rows, run.config.advantage.estimator, run.config.advantage.scale_by_std
@@ -135,11 +139,26 @@ def train_step(run: Run, step: int,
                                       collection.fallback_groups))
     metrics.update(sample_figures)
     metrics.update(invalid_figures(collection.invalid))
+    if isinstance(run.engine, EngineRouter):  # the collector process keeps its own
+        metrics.update(run.engine.replica_figures())
     if run.collector is not None:
         metrics.update(asynchronous_figures(collection.stale_dropped, collection.engine_idle_s))
     metrics.update(cumulative(run.state))
     metrics.update({f"time/{phase}": s for phase, s in timer.seconds.items()})
     return metrics
+
+
+def check_collection_size(num_rollouts: int, planned: int,
+                          stale_dropped: dict[str, int]) -> None:
+    """Refuse to train a collection that is not the batch plan's (invariant 7): the
+    updates would silently hold other than ``global_batch_size`` rollouts each. Only the
+    staleness bound may take rollouts out (whole groups, counted and warned about)."""
+    expected = planned - sum(stale_dropped.values())
+    if num_rollouts != expected:
+        raise RuntimeError(
+            f"the collection holds {num_rollouts} rollouts but the batch plan has {planned}"
+            + (f" ({planned - expected} dropped as too stale)" if stale_dropped else "")
+            + "; this is a bug in the runner (it must bring exactly the planned groups)")
 
 
 def ordered(rollouts: list[Rollout]) -> list[Rollout]:
@@ -213,7 +232,8 @@ def run_updates(
     for index, batch in enumerate(batches):
         run.optimizer.zero_grad(set_to_none=True)
         stats.append(forward_backward(run.model, batch, run.config.loss, run.process_group,
-                                      temperature, old_is_current=proximal and index == 0))
+                                      temperature, old_is_current=proximal and index == 0,
+                                      gradient_sync=run.config.train.gradient_sync))
         norms.append(clip_grad_norm(run.model, run.config.optim.max_grad_norm))
         lrs.append(run.optimizer.param_groups[0]["lr"])
         why = step_if_finite(run.optimizer, stats[-1], norms[-1])
@@ -238,7 +258,8 @@ def run_updates(
 
 def perf_figures(run: Run, rows: list[Row]) -> dict[str, float]:
     """Estimated training FLOPs of the step (all ranks; ``CostModel``: a·L + b·L² per row,
-    forward + backward) and, on a GPU, this rank's peak memory, for MFU and memory checks."""
+    forward + backward) and, on a GPU, this rank's peak memory since the step began (the
+    peak is reset at each step's start), for MFU and memory checks."""
     out = {"perf/train_flops": float(sum(run.cost.cost(len(r.token_ids)) for r in rows))}
     if torch.cuda.is_available():
         out["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -260,8 +281,8 @@ def mismatch_sums(micro_batches: list[MicroBatch], scored: list[Any]) -> torch.T
     device = scored[0].device if scored else None
     sums = torch.zeros(2, dtype=torch.float64, device=device)
     for mb, lp in zip(micro_batches, scored, strict=True):
-        mask = mb.loss_mask.to(lp.device)
-        sums[0] += ((lp - mb.engine_logprobs.to(lp.device)).abs() * mask).sum()
+        mask, engine = copy_to_device([mb.loss_mask, mb.engine_logprobs], lp.device)
+        sums[0] += ((lp - engine).abs() * mask).sum()
         sums[1] += mask.sum()
     return sums
 

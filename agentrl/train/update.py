@@ -23,7 +23,7 @@ from agentrl.loss import LossParts, policy_loss
 from agentrl.model.logprobs import TokenScores
 from agentrl.packing import MicroBatch
 from agentrl.parallel import groups
-from agentrl.parallel.fsdp import is_sharded
+from agentrl.parallel.fsdp import is_sharded, set_gradient_sync
 
 
 class CausalLM(Protocol):
@@ -69,9 +69,11 @@ def _device_of(model: nn.Module) -> torch.device:
 
 
 def head_positions(mb: MicroBatch) -> Tensor:
-    """Flat indices of the micro-batch's generated tokens (its loss mask), found where the
-    mask lives (the host, before ``mb.to(device)``): on a GPU this would wait for the
-    queued work at every micro-batch."""
+    """Flat indices of the micro-batch's generated tokens (its loss mask): ``collate``
+    found them on the host (on a GPU a ``nonzero`` would wait for the queued work at
+    every micro-batch); found here for a micro-batch built otherwise."""
+    if mb.head_positions is not None:
+        return mb.head_positions
     return mb.loss_mask.reshape(-1).nonzero().squeeze(-1)
 
 
@@ -87,7 +89,8 @@ def target_scores(model: nn.Module, mb: MicroBatch, temperature: float = 1.0,
     if positions is None:
         positions = head_positions(mb)
     return model(mb.input_ids, mb.position_ids, mb.cu_seqlens, targets=mb.target_ids,
-                 temperature=temperature, with_entropy=with_entropy, positions=positions)
+                 temperature=temperature, with_entropy=with_entropy, positions=positions,
+                 bounds=mb.bounds or None)
 
 
 def forward_backward(
@@ -97,6 +100,7 @@ def forward_backward(
     process_group: torch.distributed.ProcessGroup | None = None,
     temperature: float = 1.0,
     old_is_current: bool = False,
+    gradient_sync: str = "update",
 ) -> UpdateStats:
     """Accumulate one update's gradient over this rank's micro-batches (and sum over ranks).
 
@@ -105,7 +109,9 @@ def forward_backward(
     ``temperature``: the rollout temperature (see ``target_scores``). ``old_is_current``:
     the old (proximal) policy is the model as it is now (a collection's first update), so
     the forward's own log-probs, detached, are the ratio's denominator: the same values a
-    scoring pass would give, without its forward.
+    scoring pass would give, without its forward. ``gradient_sync`` (train.gradient_sync):
+    "update" reduce-scatters the gradients over the ranks once, in the last micro-batch's
+    backward; "micro_batch" in every one.
     """
     if groups.is_distributed(process_group) and not is_sharded(model):
         raise ValueError("forward_backward on several ranks needs an FSDP2-sharded model "
@@ -117,17 +123,20 @@ def forward_backward(
     # harmless denominator; every mask is 0 so the gradient is 0
     denominator = max(num_tokens, 1.0)
     sums = torch.zeros(len(_FIGURES) + 1, dtype=torch.float64, device=device)
-    for mb in micro_batches:
-        positions = head_positions(mb)
-        mb = mb.to(device)
-        logprobs, token_entropy = target_scores(model, mb, temperature, positions=positions)
-        old = logprobs.detach() if old_is_current else mb.old_logprobs
-        loss, parts = policy_loss(
-            logprobs, old, mb.advantages, mb.loss_mask, denominator, cfg,
-            engine_logprobs=mb.engine_logprobs, ref_logprobs=mb.ref_logprobs,
-            ages=mb.ages, cu_seqlens=mb.cu_seqlens,
-        )
-        loss.backward()
+    last = len(micro_batches) - 1
+    every = gradient_sync == "micro_batch" or not groups.is_distributed(process_group)
+    for index, mb in enumerate(micro_batches):
+        set_gradient_sync(model, every or index == last)  # one rank: nothing to wait for
+        mb = mb.to(device)  # one copy, the head's positions with it; no sync below
+        with groups.one_communicator_at_a_time():  # a weight sync thread waits meanwhile
+            logprobs, token_entropy = target_scores(model, mb, temperature)
+            old = logprobs.detach() if old_is_current else mb.old_logprobs
+            loss, parts = policy_loss(
+                logprobs, old, mb.advantages, mb.loss_mask, denominator, cfg,
+                engine_logprobs=mb.engine_logprobs, ref_logprobs=mb.ref_logprobs,
+                ages=mb.ages, cu_seqlens=mb.cu_seqlens,
+            )
+            loss.backward()
         sums += _figures(parts, token_entropy, mb.loss_mask, denominator)
         del logprobs, loss  # free this micro-batch's activations before the next
     groups.all_reduce_sum(sums, process_group)
@@ -164,10 +173,9 @@ def score(
     device = _device_of(model)
     out = []
     for mb in micro_batches:
-        positions = head_positions(mb)
         mb = mb.to(device)
-        scores = target_scores(model, mb, temperature, with_entropy=False,
-                               positions=positions)
+        with groups.one_communicator_at_a_time():
+            scores = target_scores(model, mb, temperature, with_entropy=False)
         out.append(scores.logprobs * mb.loss_mask)
     return out
 
@@ -177,9 +185,11 @@ def with_logprobs(
     field: Literal["old_logprobs", "ref_logprobs"] = "old_logprobs",
 ) -> list[MicroBatch]:
     """The micro-batches with a scoring pass's output as their old-policy log-probs (the
-    ratio's denominator) or as the reference model's (the KL term)."""
+    ratio's denominator) or as the reference model's (the KL term). The log-probs stay
+    where the scoring pass left them (the model's device): reading them back to the host
+    would wait for the GPU at every micro-batch."""
     return [
-        msgspec.structs.replace(mb, **{field: lp.to(mb.old_logprobs.device)})
+        msgspec.structs.replace(mb, **{field: lp})
         for mb, lp in zip(micro_batches, logprobs, strict=True)
     ]
 

@@ -181,3 +181,61 @@ def test_colocated_replicas_sleep_after_collection_and_wake_for_sync_and_generat
     separate = EngineRouter([FakeReplica("c")])
     separate.release_memory()
     assert separate.replicas[0].calls == []
+
+
+def test_the_trainers_cached_gpu_memory_is_released_before_every_wake_up(monkeypatch):
+    """vLLM allocates outside torch's cache: the blocks the trainer's allocator still
+    caches must go back to the driver before a colocated replica wakes (a stand-in for
+    the CUDA calls records the order; the real ones are checked by bench/gpu_acceptance)."""
+    a = FakeReplica("a")
+    a.release.set()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: a.calls.append("empty_cache"))
+    router = EngineRouter([a], colocated=True)
+    router.release_memory()
+    router.update_weights({"w": torch.zeros(1)})
+    asyncio.run(router.generate([0], params(2), "r"))
+    assert a.calls == ["sleep 1", "empty_cache", "wake ['weights']", "start", "finish 1",
+                       "empty_cache", "wake None"]
+
+
+def test_per_replica_figures_show_how_a_step_spread():
+    """Hand-worked: r1 (two turns) on one replica, r2 on the other, which then fails and
+    leaves service; the clock is the test's, so the seconds are exact."""
+    a, b = FakeReplica("a"), FakeReplica("b")
+    router = EngineRouter([a, b])
+    now = [100.0]
+    router.figures.clock = lambda: now[0]
+
+    async def main():
+        t1 = await start(router, 10, 90, "r1")  # 100 tokens outstanding on its home
+        home = router.pick("r1")
+        t2 = await start(router, 5, 15, "r2")   # 20 on the other
+        now[0] += 2.0
+        [a, b][home].release.set()
+        await t1
+        await router.generate([0] * 50, params(50), "r1")  # a second turn, at once
+        now[0] += 2.0
+        [a, b][1 - home].release.set()
+        await t2
+        [a, b][1 - home].down = True
+        with pytest.warns(UserWarning), pytest.raises(ReplicaUnavailableError):
+            await router.generate([0], params(4), "r2")
+        now[0] += 3.0
+        return home
+
+    home = asyncio.run(main())
+    figures = router.replica_figures()
+    mine, other = f"replica/{home}/", f"replica/{1 - home}/"
+    assert {k.removeprefix(mine): v for k, v in figures.items() if k.startswith(mine)} == {
+        "requests": 2, "rollouts": 1, "generated_tokens": 2, "busy_s": 2.0,
+        "outstanding_peak": 100, "failures": 0, "down_s": 0.0, "tokens_per_s": 1.0,
+        "served_version": 0}
+    assert {k.removeprefix(other): v for k, v in figures.items() if k.startswith(other)} == {
+        "requests": 1, "rollouts": 1, "generated_tokens": 1, "busy_s": 4.0,
+        "outstanding_peak": 20, "failures": 1, "down_s": 3.0, "tokens_per_s": 0.25,
+        "served_version": 0}
+    now[0] += 1.0
+    again = router.replica_figures()  # the next step starts from zero; still out of service
+    assert again[mine + "requests"] == 0 and again[other + "down_s"] == 1.0

@@ -14,6 +14,8 @@ from agentrl.engines.spawn import spawn_servers
 from tests.engines.servers import engine_on
 from tests.engines.test_remote import greedy_ids
 
+pytestmark = pytest.mark.slow  # agentrl serve replicas and real training against them
+
 SERVE_CONFIG = """
 [model]
 path = "{model}"

@@ -82,6 +82,21 @@ def test_gsm8k_env_on_sample_file(tmp_path):
         r["question"] for r in env.splits["train"]}
 
 
+def test_gsm8k_reads_parquet_as_it_reads_jsonl(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = load_records(SAMPLE_PATH)
+    path = tmp_path / "sample.parquet"
+    pq.write_table(pa.Table.from_pylist(records), path)
+    assert load_records(path) == records
+    from_jsonl, from_parquet = make("agentrl/GSM8K-v0"), make("agentrl/GSM8K-v0", path=str(path))
+    from_jsonl.reset(seed=3)
+    from_parquet.reset(seed=3)
+    assert from_parquet.task.answer == from_jsonl.task.answer
+    assert from_parquet.step(f"#### {int(from_jsonl.task.answer)}")[1] == 1.0
+
+
 def test_gsm8k_errors(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         make("agentrl/GSM8K-v0", path=str(tmp_path / "missing.jsonl"))

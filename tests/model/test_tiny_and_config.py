@@ -9,6 +9,7 @@ import torch
 
 from agentrl.model import (
     HAS_FLASH_ATTN,
+    HAS_VARLEN,
     args_from_hf,
     build_tiny_checkpoint,
     load_pretrained,
@@ -84,16 +85,23 @@ def test_unknown_rope_type_is_refused(tmp_path):
 
 def test_attention_backend_choice():
     assert resolve_backend("torch") == "torch"
-    assert resolve_backend("auto") == ("flash" if HAS_FLASH_ATTN else "torch")
+    assert resolve_backend("auto") == ("varlen" if HAS_VARLEN else "torch")
     with pytest.raises(ValueError, match="expected"):
         resolve_backend("xformers")
     if not HAS_FLASH_ATTN:
-        with pytest.raises(ValueError, match=r"pip install agentrl\[gpu\]"):
+        with pytest.raises(ValueError, match=r"pip install agentrl\[flash\] --no-build"):
             resolve_backend("flash")
 
 
-@pytest.mark.skipif(not HAS_FLASH_ATTN, reason="needs flash-attn and a CUDA device")
-def test_flash_agrees_with_torch_path():
+KERNELS = [
+    pytest.param("varlen", marks=pytest.mark.skipif(not HAS_VARLEN, reason="needs CUDA")),
+    pytest.param("flash", marks=pytest.mark.skipif(not HAS_FLASH_ATTN,
+                                                   reason="needs flash-attn and CUDA")),
+]
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+def test_gpu_kernels_agree_with_the_per_row_path(backend):
     from agentrl.model import varlen_attention
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -101,6 +109,6 @@ def test_flash_agrees_with_torch_path():
     q = torch.randn(357, 8, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
     k = torch.randn(357, 2, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
     v = torch.randn(357, 2, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
-    flash = varlen_attention(q, k, v, cu, 256, backend="flash")
+    kernel = varlen_attention(q, k, v, cu, 256, backend=backend)
     exact = varlen_attention(q.float(), k.float(), v.float(), cu, 256, backend="torch")
-    assert (flash.float() - exact).abs().max() < 2e-2
+    assert (kernel.float() - exact).abs().max() < 2e-2

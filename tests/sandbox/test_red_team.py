@@ -542,6 +542,7 @@ def test_there_are_enough_distinct_attempts():
     assert len(names) == len(set(names)) and len(names) >= 60
 
 
+@pytest.mark.slow  # every attempt starts a sandbox
 @pytest.mark.parametrize("attempt", ATTEMPTS, ids=[a.name for a in ATTEMPTS])
 def test_escape_attempt_is_held(attempt: Attempt, host):
     marker = "agentrl-mark-" + uuid.uuid4().hex[:12]

@@ -117,6 +117,7 @@ def _processes_of(out: Path) -> list[int]:
     return pids
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("collector", ["thread", "process"])
 def test_sigkill_then_resume_trains_every_rollout_exactly_once(tmp_path, model_dir,
                                                                collector) -> None:

@@ -6,6 +6,7 @@ import json
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from agentrl.commands.report import describe_run, plot_runs, smoothed, target_bracket
@@ -119,3 +120,12 @@ def test_scored_mismatch_weighs_the_first_update_and_the_scored_rest_by_tokens()
     assert scored_mismatch(first, torch.tensor([3.0, 20.0], dtype=torch.float64)) == (
         (0.5 * 10 + 3.0) / 30)
     assert scored_mismatch(first, torch.zeros(2, dtype=torch.float64)) == 0.5  # one update
+
+
+def test_a_collection_other_than_the_plan_is_refused():
+    from agentrl.train.trainer import check_collection_size
+
+    check_collection_size(12, 12, {})
+    check_collection_size(8, 12, {"a": 4})  # the staleness bound took a group out
+    with pytest.raises(RuntimeError, match="holds 16 rollouts but the batch plan has 12"):
+        check_collection_size(16, 12, {})

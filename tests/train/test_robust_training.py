@@ -131,15 +131,33 @@ def test_every_rank_stops_together(tmp_path, model_dir, capfd):
     assert [r["step"] for r in metrics(out)] == [1]
 
 
-def test_a_non_finite_update_is_skipped_named_and_counted(tmp_path, model_dir, monkeypatch):
-    import agentrl.train.trainer
+def overflowing_gradient_checkpoint(path) -> object:
+    """A checkpoint whose forward (sampling, loss) is the plain one's but whose gradient
+    overflows: the final norm's weight times 2^100 and the head's times 2^-100 (powers of
+    two: the logits are unchanged bit for bit), so the head's gradient, the final hidden
+    states times the logit gradients, reaches ~1e30 and its norm inf."""
+    from safetensors.torch import load_file, save_file
 
-    monkeypatch.setattr(agentrl.train.trainer, "clip_grad_norm", lambda model, max_norm: math.nan)
-    with pytest.warns(UserWarning, match=r"step 1, update 1 of 1: non-finite update .*"
-                                         r"gradient norm nan"):
+    path = build_tiny_checkpoint(path, hidden_size=32, num_layers=1, num_heads=2,
+                                 num_kv_heads=1, vocab_size=300, tie_word_embeddings=False)
+    weights = load_file(str(path / "model.safetensors"))
+    weights["model.norm.weight"] = weights["model.norm.weight"] * 2.0**100
+    weights["lm_head.weight"] = weights["lm_head.weight"] * 2.0**-100
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
+def test_a_non_finite_update_is_skipped_named_and_counted(tmp_path):
+    """A real gradient that overflows (nothing patched): the update is skipped, named and
+    counted, and no weight moves."""
+    model_dir = overflowing_gradient_checkpoint(tmp_path / "m")
+    with pytest.warns(UserWarning, match=r"step 1, update 1 of 1: non-finite update "
+                                         r"\(loss [-0-9.e]+, gradient norm inf\)"):
         status, out = run_training(tmp_path, model_dir, "ShortEnv", steps=1)
     assert status == 0
     assert metrics(out)[0]["optim/skipped_updates"] == 1
+    # the one built-in replica's figures: every rollout's one turn went to it
+    assert metrics(out)[0]["replica/0/requests"] == metrics(out)[0]["num_rollouts"] == 8
     weights = load_pretrained(out / "checkpoints" / "step_1").state_dict()
     initial = load_pretrained(model_dir).state_dict()
     assert all(torch.equal(initial[n], t) for n, t in weights.items())

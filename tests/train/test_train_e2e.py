@@ -17,6 +17,8 @@ from agentrl.model import build_tiny_checkpoint, load_pretrained
 from agentrl.model.checkpoint import load_pretrained as load_again  # same loader, by name
 from agentrl.types import Message
 
+pytestmark = pytest.mark.slow  # real training runs end to end, resumes included
+
 CONFIG = """
 [model]
 path = "{model}"
