@@ -27,6 +27,7 @@ import torch.distributed as dist
 from agentrl.config import Config
 from agentrl.config.accounting import BatchPlan, plan_batches
 from agentrl.config.schedule import effective_lr
+from agentrl.engines.router import EngineRouter
 from agentrl.memory.plan import resolve_activation_checkpointing
 from agentrl.model.attention import use_deterministic_kernels
 from agentrl.observe.writers import JsonlWriter, MultiWriter, build_writers
@@ -133,8 +134,11 @@ class Run:
             outcomes = self.evaluate_policy(self.config.train.eval_tasks_per_env)
             if self.eval_log is not None:
                 self.eval_log.write({"step": step, "tasks": outcomes})
-            return {**eval_metrics(accuracy_of(outcomes)),
-                    "time/eval": time.perf_counter() - start}
+            figures = {**eval_metrics(accuracy_of(outcomes)),
+                       "time/eval": time.perf_counter() - start}
+            if isinstance(self.engine, EngineRouter):  # held-out requests: not a step's
+                figures.update({f"eval/{k}": v for k, v in self.engine.replica_figures().items()})
+            return figures
 
         return self.on_main(f"validation/{step}", work) or {}
 

@@ -98,8 +98,9 @@ def _weights(path):
 
 
 def _without_times(record):
+    """A metrics record without its wall-clock figures (seconds and rates per second)."""
     return {k: v for k, v in record.items() if not k.startswith("time/") and
-            k != "cumulative/active_s"}
+            not k.endswith(("_s", "tokens_per_s"))}
 
 
 DETERMINISTIC = ["train.deterministic=true"]
