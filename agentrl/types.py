@@ -115,7 +115,12 @@ class Compaction(msgspec.Struct, omit_defaults=True):
 
 
 class RolloutStats(msgspec.Struct, omit_defaults=True):
-    """What happened during one rollout, for metrics and debugging."""
+    """What happened during one rollout, for metrics and debugging.
+
+    With subagents, the counts (turns, compactions, generated tokens, tool errors) are
+    totals over every thread of the rollout; ``truncated``, ``truncation_reason`` and the
+    error are the rollout's own (its main thread's, or the failure that masked it). Each
+    :class:`Thread` keeps its own figures in ``Thread.stats``."""
 
     num_turns: int = 0
     num_compactions: int = 0
@@ -153,6 +158,12 @@ class Thread(msgspec.Struct, omit_defaults=True):
     """What it returned to its parent; None when it returned nothing."""
     error: str | None = None
     """Why it failed, when it did."""
+    error_kind: str | None = None
+    """The short, stable kind of ``error``: a subagent failure the parent was told about
+    (one of ``agentrl.rollout.subagents.SUBAGENT_FAILURES``, e.g. ``max_turns``), or an
+    environment failure that made the whole rollout invalid (``step_raised``, ...)."""
+    stats: RolloutStats = msgspec.field(default_factory=RolloutStats)
+    """This thread's own turns, compactions, generated tokens, tool errors, truncation."""
 
 
 class Rollout(msgspec.Struct):
