@@ -114,6 +114,22 @@ class Compaction(msgspec.Struct, omit_defaults=True):
     in the turns kept after it)."""
 
 
+SUBAGENT_FAILURES = ("depth_limit", "count_limit", "max_turns", "max_tokens",
+                     "context_budget", "max_compactions")
+"""Why a subagent call gave its caller an error result instead of an answer (the
+``Thread.error_kind`` the caller can recover from; see ``agentrl.rollout.subagents``):
+
+- ``depth_limit`` / ``count_limit``: the call would pass ``rollout.max_subagent_depth`` /
+  ``rollout.max_subagents_per_rollout``, so no thread started;
+- ``max_turns``: the thread used its turns without a final reply (it loops);
+- ``max_tokens``: it generated its token budget (``rollout.max_subagent_tokens``);
+- ``context_budget`` / ``max_compactions``: its context could not be compacted further.
+
+An environment or engine failure inside a subagent thread is not among them: it makes the
+whole rollout invalid, and ``Thread.error_kind`` is its invalid kind (``step_raised``, ...).
+"""
+
+
 class RolloutStats(msgspec.Struct, omit_defaults=True):
     """What happened during one rollout, for metrics and debugging.
 
@@ -160,8 +176,8 @@ class Thread(msgspec.Struct, omit_defaults=True):
     """Why it failed, when it did."""
     error_kind: str | None = None
     """The short, stable kind of ``error``: a subagent failure the parent was told about
-    (one of ``agentrl.rollout.subagents.SUBAGENT_FAILURES``, e.g. ``max_turns``), or an
-    environment failure that made the whole rollout invalid (``step_raised``, ...)."""
+    (one of :data:`SUBAGENT_FAILURES`, e.g. ``max_turns``), or an environment failure that
+    made the whole rollout invalid (``step_raised``, ...)."""
     stats: RolloutStats = msgspec.field(default_factory=RolloutStats)
     """This thread's own turns, compactions, generated tokens, tool errors, truncation."""
 

@@ -95,7 +95,7 @@ class DocQAEnv(AgentEnv):
 
     max_turns = 6
 
-    def __init__(self, num_docs: int = 3, pages_per_doc: int = 3, page_words: int = 30,
+    def __init__(self, num_docs: int = 3, pages_per_doc: int = 3, page_words: int = 160,
                  num_distractors: int = 1, delegate: bool = True, **kwargs):
         super().__init__(**kwargs)
         if num_docs < 1 or pages_per_doc < 1 or page_words < 0 or num_distractors < 0:
@@ -166,9 +166,10 @@ class DocQAEnv(AgentEnv):
     def _page(self, rng: np.random.Generator, doc: int, page: int,
               fact: tuple[str, int] | None) -> str:
         words = [str(w) for w in rng.choice(FILLER, self.page_words)]
-        if fact is not None:
-            at = int(rng.integers(0, len(words) + 1))
-            words[at:at] = f"the code of {fact[0]} is {fact[1]} .".split()
+        if fact is not None:  # in place of filler: every page is about as long
+            sentence = f"the code of {fact[0]} is {fact[1]} .".split()
+            at = int(rng.integers(0, max(len(words) - len(sentence), 0) + 1))
+            words[at:at + len(sentence)] = sentence
         end = "next page follows" if page + 1 < self.pages_per_doc else "last page"
         header = f"document {doc} page {page} of {self.pages_per_doc}"
         return f"{header}\n{' '.join(words)}\n({end})"

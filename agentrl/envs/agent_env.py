@@ -384,12 +384,12 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
     def _toolset(self, thread_id: str) -> dict[str, BoundTool]:
         """The tools and subagents a thread may call, by name."""
         if thread_id != MAIN_THREAD:
-            return self._named_tools(self.threads.threads[thread_id].bound.spec.tools)
+            return self.named_tools(self.threads.threads[thread_id].bound.spec.tools)
         if self.main_tools is None:
-            return self._named_tools([*self.tools, *self.subagents])
-        return self._named_tools(self.main_tools)
+            return self.named_tools([*self.tools, *self.subagents])
+        return self.named_tools(self.main_tools)
 
-    def _named_tools(self, names: Any) -> dict[str, BoundTool]:
+    def named_tools(self, names: Any) -> dict[str, BoundTool]:
         """These ``@tool`` and ``@subagent`` methods (a subagent as its task builder)."""
         every = {**self.tools, **{n: b.as_tool for n, b in self.subagents.items()}}
         return {name: every[name] for name in names if name in every}
@@ -438,7 +438,7 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
             elif call.name in self.subagents:  # the result is the subagent's task text
                 bound = self.subagents[call.name]
                 schemas = [t.spec.schema()
-                           for t in self._named_tools(bound.spec.tools).values()]
+                           for t in self.named_tools(bound.spec.tools).values()]
                 subagent_calls.append(self.threads.open(
                     thread_id, bound, outcome.message.content, call.arguments, schemas,
                     self.max_turns))

@@ -228,7 +228,7 @@ class ThreadBook:
                      max_chars: int) -> tuple[list[Message], dict[str, Any]]:
         """The waiting step's observation with each result in its call's place (an answer
         cut to ``max_chars`` like any tool output), and the step's info."""
-        pending = self.pending.pop(thread_id, None)
+        pending = self.pending.get(thread_id)
         if pending is None:
             raise ValueError(f"complete_step({thread_id!r}): that thread has no step waiting "
                              "for subagent results")
@@ -237,6 +237,7 @@ class ThreadBook:
         if given != expected:
             raise ValueError(f"complete_step({thread_id!r}): results for threads {given}, "
                              f"expected {expected} in that order")
+        del self.pending[thread_id]
         answers = iter(result_message(r, pending.names[r.thread_id]) for r in results)
         observation = [m if m is not None else next(answers) for m in pending.observation]
         for message in observation:

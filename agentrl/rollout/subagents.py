@@ -11,7 +11,8 @@ generated tokens ``min(rollout.max_subagent_tokens, the call's max_tokens)``. Th
 of one step run concurrently; their answers go back through ``complete_step`` and the
 parent's turn goes on.
 
-Limits and failures, by reason (:data:`SUBAGENT_FAILURES`, in ``Thread.error_kind``): a
+Limits and failures, by reason (:data:`agentrl.types.SUBAGENT_FAILURES`, in
+``Thread.error_kind``): a
 call past ``rollout.max_subagent_depth`` (``depth_limit``) or past
 ``rollout.max_subagents_per_rollout`` (``count_limit``) starts nothing; a thread that ends
 without an answer (``max_turns``, ``max_tokens``, ``context_budget``,
@@ -45,11 +46,6 @@ from agentrl.engines.interface import InferenceEngine
 from agentrl.envs.subagents import SubagentCall, SubagentResult
 from agentrl.rollout.env_contract import EnvError, StepResult
 from agentrl.types import MAIN_THREAD, Message, Rollout, RolloutStats, Thread
-
-SUBAGENT_FAILURES = ("depth_limit", "count_limit", "max_turns", "max_tokens",
-                     "context_budget", "max_compactions")
-"""Why a subagent call gave its caller an error result instead of an answer (the metrics
-``subagents/failures/<reason>``)."""
 
 _NO_ANSWER = {"max_turns": "max_turns", "env": "max_turns", "max_rollout_tokens": "max_tokens",
               "context_budget": "context_budget", "max_compactions": "max_compactions"}
@@ -151,6 +147,8 @@ class RolloutTree:
         self.children: dict[str, _Child] = {}
         self.refused: list[Thread] = []
         self.num_started = 0
+        self.failure: EnvError | None = None
+        """The first environment or engine failure in a subagent thread, if any."""
 
     def main_view(self) -> ThreadView:
         """The view the main thread's loop plays."""
@@ -216,10 +214,14 @@ class RolloutTree:
                                    self.compaction)
         node = Thread(call.thread_id, call.parent, depth, call.origin)
         child = self.children[call.thread_id] = _Child(node, view, player)
-        child.rollout = await player.play()
+        played = await player.play()
         if player.failure is not None:  # the environment or the engine failed: rollout over
-            node.error, node.error_kind = str(player.failure), player.failure.kind
-            raise in_thread(player.failure, call)
+            if self.failure is None:  # the first failure; threads it cuts off say so
+                child.rollout = played
+                node.error, node.error_kind = str(player.failure), player.failure.kind
+                self.failure = in_thread(player.failure, call)
+            raise self.failure
+        child.rollout = played
         if view.answer is not None:
             node.answer = view.answer
             return SubagentResult(call.thread_id, answer=view.answer)
@@ -240,6 +242,9 @@ class RolloutTree:
                 child.node.error = "cut off: " + (result.stats.error or "the rollout ended")
             for segment in played.segments:
                 segment.thread = thread_id
+            result.stats.compactions.extend(  # numbered by the rollout's rows
+                msgspec.structs.replace(c, segment=c.segment + len(result.segments))
+                for c in played.stats.compactions)
             result.segments.extend(played.segments)
             child.node.stats = played.stats
             threads.append(child.node)
