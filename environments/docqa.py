@@ -95,7 +95,7 @@ class DocQAEnv(AgentEnv):
 
     max_turns = 6
 
-    def __init__(self, num_docs: int = 3, pages_per_doc: int = 3, page_words: int = 160,
+    def __init__(self, num_docs: int = 2, pages_per_doc: int = 2, page_words: int = 360,
                  num_distractors: int = 1, delegate: bool = True, **kwargs):
         super().__init__(**kwargs)
         if num_docs < 1 or pages_per_doc < 1 or page_words < 0 or num_distractors < 0:

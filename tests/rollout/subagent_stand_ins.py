@@ -96,7 +96,7 @@ def archive_reply(prompt: str, mode: str = "good") -> str:
             return format_call("delegate", shelf=int(shelf))
         if mode == "loop" or not answers or answers[-1].startswith("Error"):
             return format_call("read", shelf=int(shelf))
-        found = re.findall(r"holds (b\d+)", answers[-1])
+        found = re.findall(r"\b(b\d+)\b", answers[-1])  # its shelf, or a helper's answer
         return found[0] if found else "unknown"
     if not answers:
         count = int(re.findall(r"There are (\d+) shelves", prompt)[0])
