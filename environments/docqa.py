@@ -1,13 +1,16 @@
 """DocQA: a question over several documents, each longer than the context window.
 
 A person's code (four digits) is written on one page of one of ``num_docs`` documents;
-every document has ``pages_per_doc`` pages of ``page_words`` filler words, and other
-pages name other people's codes (``num_distractors`` per document). The question names
-the person; the answer is ``<answer>CODE</answer>``.
+every document has ``pages_per_doc`` pages of ``page_words`` filler words, and
+``num_distractors`` other pages name other people's codes. The question names the person;
+the answer is ``<answer>CODE</answer>``. The defaults (two documents of two pages of 360
+words, about 750 tokens each) make every document longer than the 700-token context of
+``configs/docqa.toml``.
 
 With ``delegate=True`` (the default) the main thread has one tool, the subagent
-``search_document(doc, name)``: a reader with a fresh context pages through that one
-document with ``read_page`` and answers the code, or ``none``. The natural solution calls
+``search_document(doc)``: a reader with a fresh context (its task, built from the call's
+``doc`` and the question's person: "Find the code of kay in document 1") pages through
+that one document with ``read_page`` and answers the code, or ``none``. The natural solution calls
 it once per document in one turn (the calls run concurrently) and answers with the code
 one of them found: two main turns, however long the documents. With ``delegate=False``
 the main thread has ``read_page`` itself and must page through every document in its own
@@ -54,8 +57,7 @@ def scripted_action(messages: list[Message]) -> str:
     name, num_docs = _question(messages)
     if system == MAIN_SYSTEM:
         if messages[-1].role != "tool":
-            return "".join(format_call("search_document", doc=doc, name=name)
-                           for doc in range(num_docs))
+            return "".join(format_call("search_document", doc=doc) for doc in range(num_docs))
         found = [m.content for m in messages if m.role == "tool" and m.content.isdigit()]
         return f"<answer>{found[-1] if found else 0}</answer>"
     return _read_next(messages, name, last_doc=num_docs - 1, answer="<answer>{}</answer>")
@@ -96,7 +98,7 @@ class DocQAEnv(AgentEnv):
     max_turns = 6
 
     def __init__(self, num_docs: int = 2, pages_per_doc: int = 2, page_words: int = 360,
-                 num_distractors: int = 1, delegate: bool = True, **kwargs):
+                 num_distractors: int = 0, delegate: bool = True, **kwargs):
         super().__init__(**kwargs)
         if num_docs < 1 or pages_per_doc < 1 or page_words < 0 or num_distractors < 0:
             raise ValueError(f"docqa: need num_docs >= 1, pages_per_doc >= 1, page_words >= 0 "
@@ -125,15 +127,15 @@ class DocQAEnv(AgentEnv):
         return pages[doc][page]
 
     @subagent(system=READER_SYSTEM, tools=("read_page",))
-    def search_document(self, doc: int, name: str) -> str:
-        """A reader with a fresh context looks for a person's code in one document.
+    def search_document(self, doc: int) -> str:
+        """A reader with a fresh context looks for the person's code in one document.
 
         Args:
             doc: The document to search, from 0.
-            name: The person whose code to find.
         """
         if not 0 <= doc < self.num_docs:
             raise ValueError(f"there are documents 0 to {self.num_docs - 1}")
+        name = self.task.answer["name"]
         return f"Find the code of {name} in document {doc}. It has {self.pages_per_doc} pages."
 
     def sample_task(self, rng: np.random.Generator) -> Task:
@@ -149,7 +151,7 @@ class DocQAEnv(AgentEnv):
                     f"{self.num_docs - 1}, each {self.pages_per_doc} pages long.")
         system = MAIN_SYSTEM if self.delegate else MAIN_SYSTEM_ALONE
         return Task([Message("system", system), Message("user", question)],
-                    answer={"code": code, "docs": docs},
+                    answer={"code": code, "name": people[0], "docs": docs},
                     key=f"{people[0]}:{code}:{int(slots[0])}:{'/'.join(map(str, slots))}")
 
     def grade(self, answer: str) -> Grade:

@@ -40,6 +40,12 @@ The contract the rollout runner relies on
   violation invalidates that rollout with a message naming the environment, the method
   and the expected type; it never stops the run (unless most rollouts of an environment
   fail: ``train.max_invalid_fraction``).
+- Subagents (``@subagent`` methods, :mod:`agentrl.envs.subagents`): a step that calls one
+  returns ``([], 0.0, False, False, info)`` with ``info["subagent_calls"]`` and waits;
+  the runner plays each call's thread with ``thread_step(thread_id, action)`` (reward
+  0.0; a reply without tool calls is the answer, ``info["answer"]``) and finishes the
+  step with ``complete_step(thread_id, results)``. The same checks apply to both, and the
+  runner calls them one at a time per instance.
 - An env instance is stateful: one instance per concurrent rollout.
 - ``tool_schemas()``: OpenAI-style function schemas of the ``@tool`` methods, for the
   chat template's ``tools`` argument.
@@ -61,8 +67,8 @@ from typing import Any
 import gymnasium
 import msgspec
 import numpy as np
-from gymnasium import spaces
 
+from agentrl.envs.spaces import MessageSpace, TextSpace
 from agentrl.envs.subagents import (
     PendingStep,
     SubagentCall,
@@ -81,8 +87,6 @@ from agentrl.envs.tools import (
 from agentrl.types import MAIN_THREAD, Message
 
 SPLITS = ("train", "eval")
-ROLES = ("system", "user", "assistant", "tool")
-_PRINTABLE = tuple(chr(c) for c in range(32, 127)) + ("\n",)
 
 
 class Task(msgspec.Struct):
@@ -100,69 +104,6 @@ class Grade(msgspec.Struct):
 
     reward: float
     components: dict[str, float] = {}
-
-
-class TextSpace(spaces.Space[str]):
-    """Any string up to ``max_length`` characters: the space of the model's actions."""
-
-    def __init__(self, max_length: int = 100_000, seed: int | None = None):
-        self.max_length = max_length
-        super().__init__(shape=None, dtype=None, seed=seed)
-
-    @property
-    def is_np_flattenable(self) -> bool:
-        """Text cannot be flattened into a numeric array."""
-        return False
-
-    def sample(self, mask: Any = None, probability: Any = None) -> str:
-        """Random printable text (short), enough for checkers and smoke tests."""
-        length = int(self.np_random.integers(1, 40))
-        return "".join(self.np_random.choice(_PRINTABLE, size=length))
-
-    def contains(self, x: Any) -> bool:
-        """Any str within the length limit."""
-        return isinstance(x, str) and len(x) <= self.max_length
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TextSpace) and other.max_length == self.max_length
-
-
-class MessageSpace(spaces.Space[list[Message]]):
-    """Lists of chat messages: the space of observations."""
-
-    def __init__(self, max_messages: int = 1024, max_length: int = 1_000_000,
-                 seed: int | None = None):
-        self.max_messages = max_messages
-        self.max_length = max_length
-        super().__init__(shape=None, dtype=None, seed=seed)
-
-    @property
-    def is_np_flattenable(self) -> bool:
-        """Messages cannot be flattened into a numeric array."""
-        return False
-
-    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
-        """A few random messages, for checkers."""
-        count = int(self.np_random.integers(1, 4))
-        text = TextSpace(seed=int(self.np_random.integers(2**31)))
-        return [Message(str(self.np_random.choice(ROLES)), text.sample()) for _ in range(count)]
-
-    def contains(self, x: Any) -> bool:
-        """A list of Messages with known roles and str content within the limits."""
-        return (
-            isinstance(x, list)
-            and len(x) <= self.max_messages
-            and all(
-                isinstance(m, Message) and m.role in ROLES and isinstance(m.content, str)
-                and len(m.content) <= self.max_length
-                for m in x
-            )
-        )
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, MessageSpace) and (
-            (other.max_messages, other.max_length) == (self.max_messages, self.max_length)
-        )
 
 
 def split_of_key(key: str, eval_fraction: float) -> str:
@@ -305,11 +246,8 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         if MAIN_THREAD in self.threads.pending:
             raise ValueError("step() called while the last step waits for its subagents; "
                              "call complete_step('main', results) first")
-        if not isinstance(action, str):
-            raise ValueError(f"action must be the model's text (str), got {type(action)}")
+        calls = self._read_turn(self.history, action)
         self._turn += 1
-        self.history.append(Message("assistant", action))
-        calls = self.parser.parse(action)
         info: dict[str, Any] = {"tool_errors": {}, "reward_components": {},
                                 "num_tool_calls": len(calls)}
         if not calls:
@@ -329,11 +267,8 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         if thread_id in self.threads.pending:
             raise ValueError(f"thread_step({thread_id!r}) called while its last step waits "
                              "for its subagents; call complete_step first")
-        if not isinstance(action, str):
-            raise ValueError(f"action must be the model's text (str), got {type(action)}")
+        calls = self._read_turn(state.history, action)
         state.turn += 1
-        state.history.append(Message("assistant", action))
-        calls = self.parser.parse(action)
         info: dict[str, Any] = {"tool_errors": {}, "num_tool_calls": len(calls)}
         if not calls:
             state.done = True
@@ -380,6 +315,13 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         if name in _SET_BY_INIT:
             raise TypeError(missing_init_message(type(self)))
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _read_turn(self, history: list[Message], action: str) -> list:
+        """Record the model's reply in a thread's history; the tool calls it holds."""
+        if not isinstance(action, str):
+            raise ValueError(f"action must be the model's text (str), got {type(action)}")
+        history.append(Message("assistant", action))
+        return self.parser.parse(action)
 
     def _toolset(self, thread_id: str) -> dict[str, BoundTool]:
         """The tools and subagents a thread may call, by name."""

@@ -108,6 +108,7 @@ class GuardedEnv:
             kwargs["options"] = options
         result = await self.caller.call("reset", (), kwargs, self.timeout_s)
         messages, _ = check_reset(self.name, result, self.max_observation_chars)
+        self.thread_ids.clear()  # a new episode numbers its threads afresh
         return messages
 
     async def tool_schemas(self) -> list[dict[str, Any]]:

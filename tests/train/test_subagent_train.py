@@ -20,8 +20,8 @@ CONFIG = """
 [model]
 path = "{model}"
 [batch]
-rollout_batch_size = 2
-n_samples_per_prompt = 4
+rollout_batch_size = 2          # groups per collection
+n_samples_per_prompt = 4        # 8 rollouts (8 trees) per collection
 global_batch_size = 4           # rollouts per update: 2 updates per collection
 [rollout]
 max_new_tokens = 8
