@@ -10,13 +10,14 @@ words, about 750 tokens each) make every document longer than the 700-token cont
 With ``delegate=True`` (the default) the main thread has one tool, the subagent
 ``search_document(doc)``: a reader with a fresh context (its task, built from the call's
 ``doc`` and the question's person: "Find the code of kay in document 1") pages through
-that one document with ``read_page`` and answers the code, or ``none``. The natural solution calls
-it once per document in one turn (the calls run concurrently) and answers with the code
-one of them found: two main turns, however long the documents. With ``delegate=False``
-the main thread has ``read_page`` itself and must page through every document in its own
-turns and context (compaction keeps only the newest page), so under the same
-``rollout.max_turns`` it can read only part of the collection: the task without
-subagents.
+that one document with ``read_page(page)`` (a tool that reads the document its thread was
+given: ``AgentEnv.thread_arguments``) and answers the code, or ``none``. The natural
+solution calls it once per document in one turn (the calls run concurrently) and answers
+with the code one of them found: two main turns, however long the documents. With
+``delegate=False`` the main thread has ``read(doc, page)`` itself and must page through
+every document in its own turns and context (compaction keeps only the newest page), so
+under the same ``rollout.max_turns`` it can read only part of the collection: the task
+without subagents.
 
 :func:`scripted_action` plays either way from what the model sees after compaction (the
 task and the newest tool messages); it is the ``demonstrate`` hook for ``agentrl sft`` and
@@ -26,6 +27,7 @@ task and the newest tool messages); it is the ``demonstrate`` hook for ``agentrl
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 
@@ -35,9 +37,9 @@ from environments._verify import extract_number, last_tagged
 
 MAIN_SYSTEM = ("Find the person's code in the documents. Call search_document once for "
                "each document, then reply <answer>code</answer> with the code found.")
-MAIN_SYSTEM_ALONE = ("Find the person's code in the documents. Read them with read_page, "
-                     "page by page, then reply <answer>code</answer>.")
-READER_SYSTEM = ("Read the document with read_page, page by page. If a page gives the "
+MAIN_SYSTEM_ALONE = ("Find the person's code in the documents. Read them with read, page "
+                     "by page, then reply <answer>code</answer>.")
+READER_SYSTEM = ("Read your document with read_page, page by page. If a page gives the "
                  "code of the person asked for, reply with that code only. After the last "
                  "page without it, reply none.")
 NAMES = ("ada", "bo", "cy", "dee", "eli", "fay", "gus", "hal", "ivy", "jo", "kay", "lu")
@@ -65,24 +67,26 @@ def scripted_action(messages: list[Message]) -> str:
 
 def _reader_action(messages: list[Message]) -> str:
     asked = _ASKED.search(messages[1].content)
-    name, doc = (asked.group(1), int(asked.group(2))) if asked else ("", 0)
-    return _read_next(messages, name, last_doc=doc, answer="{}", first_doc=doc)
+    return _read_next(messages, asked.group(1) if asked else "", last_doc=0, answer="{}",
+                      call=lambda doc, page: format_call("read_page", page=page))
 
 
 def _read_next(messages: list[Message], name: str, last_doc: int, answer: str,
-               first_doc: int = 0) -> str:
+               call: Any = None) -> str:
     """Read on from the newest page: the code when it names ``name``, else the next page
-    (of the next document after a document's last page), else ``none`` / 0."""
+    (of the next document after a document's last page), else ``none`` / 0. ``call``
+    writes a read (a reader's ``read_page(page)``; the main thread's ``read(doc, page)``)."""
+    call = call or (lambda doc, page: format_call("read", doc=doc, page=page))
     last = messages[-1]
     if last.role != "tool" or not (where := _PAGE.search(last.content)):
-        return format_call("read_page", doc=first_doc, page=0)
+        return call(0, 0)
     if found := re.search(rf"code of {name} is (\d+)", last.content):
         return answer.format(found.group(1))
     doc, page, pages = (int(g) for g in where.groups())
     if page + 1 < pages:
-        return format_call("read_page", doc=doc, page=page + 1)
+        return call(doc, page + 1)
     if doc < last_doc:
-        return format_call("read_page", doc=doc + 1, page=0)
+        return call(doc + 1, 0)
     return answer.format("none" if answer == "{}" else 0)
 
 
@@ -110,21 +114,30 @@ class DocQAEnv(AgentEnv):
         self.num_docs, self.pages_per_doc = num_docs, pages_per_doc
         self.page_words, self.num_distractors = page_words, num_distractors
         self.delegate = delegate
-        self.main_tools = ("search_document",) if delegate else ("read_page",)
+        self.main_tools = ("search_document",) if delegate else ("read",)
 
     @tool
-    def read_page(self, doc: int, page: int) -> str:
+    def read(self, doc: int, page: int) -> str:
         """One page of a document.
 
         Args:
             doc: The document, from 0.
             page: The page, from 0.
         """
-        pages = self.task.answer["docs"]
-        if not (0 <= doc < len(pages) and 0 <= page < len(pages[doc])):
-            raise ValueError(f"there are documents 0 to {len(pages) - 1}, each with pages 0 "
+        docs = self.task.answer["docs"]
+        if not (0 <= doc < len(docs) and 0 <= page < len(docs[doc])):
+            raise ValueError(f"there are documents 0 to {len(docs) - 1}, each with pages 0 "
                              f"to {self.pages_per_doc - 1}")
-        return pages[doc][page]
+        return docs[doc][page]
+
+    @tool
+    def read_page(self, page: int) -> str:
+        """One page of the document you were given.
+
+        Args:
+            page: The page, from 0.
+        """
+        return self.read(int(self.thread_arguments().get("doc", 0)), page)
 
     @subagent(system=READER_SYSTEM, tools=("read_page",))
     def search_document(self, doc: int) -> str:

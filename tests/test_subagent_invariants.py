@@ -231,3 +231,13 @@ def test_the_hand_worked_tree() -> None:
     loss.backward()
     weights = (-logprobs.grad[mb.loss_mask > 0] * 15).tolist()
     assert weights == pytest.approx([0.5] * 11 + [-0.5] * 4)
+    # `agentrl inspect BATCH.json` tells it the same way
+    from agentrl.rollout.describe import describe_batch
+
+    text = describe_batch([tree, single])
+    assert "rollout g-a · reward 1 · 6 rows · 11 generated tokens → +0.5   (baseline 0.5)" \
+        in text
+    assert "3 threads (main + 2 subagent), one reward and one advantage" in text
+    assert "row 5 (thread 2): 6 tokens (3 prompt, 1 generated) · reward copy 1 · " \
+        "advantage +0.5" in text
+    assert "the token-level loss divides by 15 generated tokens" in text

@@ -155,6 +155,9 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         self.task: Task | None = None
         self.history: list[Message] = []
         self.threads = ThreadBook()
+        self.calling_thread = MAIN_THREAD
+        """The thread whose turn is running its tools (``MAIN_THREAD`` or a subagent's
+        id): a tool that keeps per-thread state reads it (see ``thread_arguments``)."""
         self._turn = 0
         self._done = True
 
@@ -284,6 +287,12 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
                                                       self.max_tool_output_chars)
         return self._end_turn(thread_id, observation, info)
 
+    def thread_arguments(self) -> dict[str, Any]:
+        """The arguments of the subagent call that started the thread whose tools are
+        running (``{}`` in the main thread): e.g. the document a reader was given."""
+        state = self.threads.threads.get(self.calling_thread)
+        return dict(state.arguments) if state is not None else {}
+
     def thread_history(self, thread_id: str = MAIN_THREAD) -> list[Message]:
         """A thread's conversation so far (the main one: ``history``)."""
         if thread_id == MAIN_THREAD:
@@ -374,7 +383,12 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
                     "tool", f"Error (too_many_calls): only {self.max_tool_calls_per_turn} "
                     "tool calls run per turn; the rest were skipped", "error"))
                 break
-            outcome = run_call(tools, call, self.tool_timeout_s, self.max_tool_output_chars)
+            self.calling_thread = thread_id
+            try:
+                outcome = run_call(tools, call, self.tool_timeout_s,
+                                   self.max_tool_output_chars)
+            finally:
+                self.calling_thread = MAIN_THREAD
             if outcome.error is not None:
                 errors[outcome.error] += 1
             elif call.name in self.subagents:  # the result is the subagent's task text
@@ -392,7 +406,8 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
 
 
 _SET_BY_INIT = frozenset({"observation_space", "action_space", "tools", "subagents",
-                          "parser", "task", "history", "threads", "_turn", "_done"})
+                          "parser", "task", "history", "threads", "calling_thread", "_turn",
+                          "_done"})
 
 
 def missing_init_message(cls: type) -> str:

@@ -166,10 +166,12 @@ class ThreadState:
     """One subagent thread as the environment keeps it: its conversation and turns."""
 
     def __init__(self, thread_id: str, bound: BoundSubagent, messages: list[Message],
-                 max_turns: int) -> None:
-        """A thread that starts from ``messages`` (its system prompt and task)."""
+                 max_turns: int, arguments: dict[str, Any] | None = None) -> None:
+        """A thread that starts from ``messages`` (its system prompt and task);
+        ``arguments``: those of the call that started it."""
         self.thread_id = thread_id
         self.bound = bound
+        self.arguments = dict(arguments or {})
         self.history = list(messages)
         self.max_turns = max_turns
         self.turn = 0
@@ -208,7 +210,7 @@ class ThreadBook:
         thread_id = self.new_id(parent)
         messages = [Message("system", spec.system), Message("user", task)]
         max_turns = spec.max_turns or default_max_turns
-        self.threads[thread_id] = ThreadState(thread_id, bound, messages, max_turns)
+        self.threads[thread_id] = ThreadState(thread_id, bound, messages, max_turns, arguments)
         return SubagentCall(thread_id, parent, spec.tool.name,
                             [msgspec.structs.replace(m) for m in messages], schemas,
                             call_origin(spec.tool.name, arguments), max_turns,
