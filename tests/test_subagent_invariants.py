@@ -155,7 +155,7 @@ def test_one_bad_row_or_copy_in_any_thread_is_caught(groups, data) -> None:
             check_reward_copies(rows)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(groups_of_trees, st.integers(1, 4), st.data())
 def test_updates_get_whole_rollouts_with_every_thread(groups, num_updates, data) -> None:
     """The four knobs count rollouts: each update gets an equal share of rollouts, each
@@ -175,7 +175,7 @@ def model() -> torch.nn.Module:
     return make_model()
 
 
-@settings(max_examples=8, deadline=None,
+@settings(max_examples=6, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(groups_of_trees, st.sampled_from([0, 1, 2]), st.randoms(use_true_random=False),
        st.data())

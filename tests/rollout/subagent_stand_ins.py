@@ -87,13 +87,15 @@ class Archive(AgentEnv):
 
 def archive_reply(prompt: str, mode: str = "good") -> str:
     """The scripted policy from the prompt alone (``mode``: "good", "loop" readers that
-    never answer, "nest" readers that delegate again, "extra" a main that asks for an
-    invalid shelf too)."""
+    never answer, "nest" readers that delegate again, "compact" readers that first call
+    the ``compact`` tool, "extra" a main that asks for an invalid shelf too)."""
     answers = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", prompt, re.S)
     if READER in prompt:
         shelf = re.findall(r"Which book is on shelf (\d+)", prompt)[-1]
         if mode == "nest" and not answers:
             return format_call("delegate", shelf=int(shelf))
+        if mode == "compact" and f"noted shelf {shelf}" not in prompt:
+            return format_call("compact", summary=f"noted shelf {shelf}")
         if mode == "loop" or not answers or answers[-1].startswith("Error"):
             return format_call("read", shelf=int(shelf))
         found = re.findall(r"\b(b\d+)\b", answers[-1])  # its shelf, or a helper's answer

@@ -102,6 +102,24 @@ def test_each_thread_has_its_own_context_window_and_compaction(tokenizer) -> Non
                                                 for t in rollout.threads)
 
 
+def test_a_subagent_thread_compacts_by_tool_in_its_own_rows(tokenizer) -> None:
+    env, engine = Archive(), TextPolicyEngine(tokenizer, mode="compact")
+    compaction = CompactionConfig(strategy="tool", fallback="drop_oldest",
+                                  max_context_tokens=4000, keep_last_turns=0)
+    rollout = play(env, engine, tokenizer, compaction=compaction)
+    assert rollout.valid and rollout.reward == 1.0
+    assert [t.answer for t in rollout.threads] == env.task.answer
+    threads = [s.thread for s in rollout.segments]
+    assert threads == ["main", "1", "1", "2", "2", "3", "3"]  # each reader: 2 rows
+    for segment in rollout.segments[1:]:  # every thread is offered the compact tool
+        assert '"name": "compact"' in tokenizer.decode(segment.token_ids)
+    # the rollout's compactions name its own rows: each ends a reader's first row
+    assert [(c.cause, c.segment) for c in rollout.stats.compactions] == [
+        ("tool", 1), ("tool", 3), ("tool", 5)]
+    assert rollout.stats.num_compactions == 3
+    assert all([c.segment for c in t.stats.compactions] == [0] for t in rollout.threads)
+
+
 def test_limits_and_policy_failures_are_error_results_the_caller_recovers_from(
         tokenizer) -> None:
     limited = msgspec.structs.replace(ROLLOUT, max_subagents_per_rollout=2)

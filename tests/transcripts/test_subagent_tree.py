@@ -54,7 +54,11 @@ def test_inspect_draws_the_tree_with_calls_rows_compactions_and_answers(tmp_path
     assert line_with("thread 1 ← main called delegate(shelf=0)").startswith(" " * 4)
     assert line_with("thread 1.1 ← 1 called delegate(shelf=0)").startswith(" " * 8)
     assert line_with("row 2 · thread 1.1 · advantage +0.25").startswith(" " * 8)
-    assert line_with("compaction 1: row 3 starts").startswith(" " * 8)
+    # a subagent's compaction is noted at its own row, numbered among the rollout's rows
+    assert line_with("compaction 3 (by the context budget, drop_oldest): row 3 starts from "
+                     "a compacted context").startswith(" " * 8)
+    assert line_with("compaction 5 (by the context budget, drop_oldest): row 5 starts").\
+        startswith(" " * 4)
     answer = rollout.threads[1].answer  # thread 1.1
     assert re.fullmatch(r"b\d+", answer)
     assert line_with(f"↳ returned to 1: {answer}").startswith(" " * 8)
