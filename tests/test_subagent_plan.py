@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from agentrl import subagent, tool
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
 from agentrl.envs.context_budget import subagent_prompt_tokens
@@ -12,6 +13,7 @@ from agentrl.envs.registry import make
 from agentrl.memory.plan import describe_memory_plan, plan_memory
 from agentrl.model.shapes import KNOWN_SHAPES
 from agentrl.train.preflight import Preflight, run_checks
+from environments.docqa import READER_SYSTEM, DocQAEnv
 
 DOCQA = "configs/docqa.toml"
 TINY = ['model.path=""']  # plan with the tiny built-in tokenizer (no warm start needed)
@@ -52,6 +54,45 @@ def test_a_subagent_prompt_past_the_context_budget_is_refused() -> None:
     with pytest.raises(ConfigError, match="environment 'docqa': subagent search_document "
                                           r"starts from \d+ tokens .* raise "
                                           "compaction.max_context_tokens"):
+        run_checks(config)
+
+
+class CompactReaderEnv(DocQAEnv):
+    """DocQA whose readers have a tool of their own named ``compact``."""
+
+    @tool
+    def compact(self, note: str) -> str:
+        """Keep a note.
+
+        Args:
+            note: The note.
+        """
+        return note
+
+    @subagent(system=READER_SYSTEM, tools=("read_page", "compact"))
+    def search_document(self, doc: int) -> str:
+        """A reader for one document.
+
+        Args:
+            doc: The document, from 0.
+        """
+        return f"Find the code in document {doc}."
+
+
+def test_the_compact_tool_counts_in_every_thread_and_may_not_clash_in_one() -> None:
+    def head(strategy: str) -> int:
+        pf = Preflight(load_config(DOCQA, [*TINY, f'compaction.strategy="{strategy}"',
+                                           'compaction.fallback="drop_oldest"']))
+        try:
+            return pf.subagent_prompts(0)["search_document"]
+        finally:
+            pf.close()
+
+    assert head("tool") > head("drop_oldest")  # a reader is offered compact too
+    config = load_config(DOCQA, [*TINY, 'compaction.strategy="tool"',
+                                 'compaction.fallback="drop_oldest"',
+                                 'environments.0.id="tests.test_subagent_plan:CompactReaderEnv"'])
+    with pytest.raises(ConfigError, match='environment.s. docqa have one of their own'):
         run_checks(config)
 
 

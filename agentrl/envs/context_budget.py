@@ -74,9 +74,11 @@ def budget_of_prompts(heads: list[Any], tools: list[dict[str, Any]] | None, toke
     return longest
 
 
-def subagent_prompt_tokens(env: Any, tokenizer: Any) -> dict[str, int]:
+def subagent_prompt_tokens(env: Any, tokenizer: Any,
+                           extra_tools: list[dict[str, Any]] | None = None) -> dict[str, int]:
     """Tokens each ``@subagent`` thread of the environment starts from before its task
-    text: its system prompt and its tools' schemas through the chat template (the task is
+    text: its system prompt and its tools' schemas (plus ``extra_tools``, those the
+    rollout adds to every thread, e.g. ``compact``) through the chat template (the task is
     built from each call's arguments, so it is not known before a call)."""
     from agentrl.envs.subagents import BoundSubagent
 
@@ -84,6 +86,7 @@ def subagent_prompt_tokens(env: Any, tokenizer: Any) -> dict[str, int]:
     for name, bound in (getattr(env, "subagents", None) or {}).items():
         assert isinstance(bound, BoundSubagent)
         tools = [t.spec.schema() for t in env.named_tools(bound.spec.tools).values()]
+        tools += extra_tools or []
         text = tokenizer.apply_chat_template(
             [{"role": "system", "content": bound.spec.system}, {"role": "user", "content": ""}],
             tools=tools or None, add_generation_prompt=True)

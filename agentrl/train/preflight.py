@@ -124,8 +124,10 @@ class Preflight:
         """Environment ``index``'s subagents: tokens of each one's prompt before its task
         (system and tool schemas; ``agentrl.envs.context_budget.subagent_prompt_tokens``)."""
         from agentrl.envs.context_budget import subagent_prompt_tokens
+        from agentrl.rollout.compact_tool import offered_tools
 
-        return subagent_prompt_tokens(self.environment(index), self.tokenizer)
+        return subagent_prompt_tokens(self.environment(index), self.tokenizer,
+                                      offered_tools(self.config.compaction.strategy, []))
 
     def first_prompt_tokens(self, index: int) -> int:
         """Tokens of environment ``index``'s longest first prompt (system, task and tool
@@ -248,15 +250,20 @@ def check_context_budget(pf: Preflight) -> str:
 
 def check_compact_tool(pf: Preflight) -> str:
     """Under ``compaction.strategy = "tool"``, no environment has a tool of its own named
-    ``compact`` (the name the policy's compaction tool takes)."""
+    ``compact`` (the name the policy's compaction tool takes), in its main thread's tools
+    or among those its subagents are given (``AgentEnv.tools``)."""
     from agentrl.rollout.compact_tool import COMPACT_TOOL
 
     compaction = pf.config.compaction
     if compaction.strategy != "tool":
         return f"compaction: {compaction.strategy}"
+
+    def has_compact(built: Any) -> bool:
+        return COMPACT_TOOL in (getattr(built, "tools", None) or {}) or any(
+            (s.get("function") or {}).get("name") == COMPACT_TOOL for s in built.tool_schemas())
+
     clashes = [env.display_name() for i, env in enumerate(pf.config.environments)
-               if any((s.get("function") or {}).get("name") == COMPACT_TOOL
-                      for s in pf.environment(i).tool_schemas())]
+               if has_compact(pf.environment(i))]
     if clashes:
         raise ConfigError(f'compaction.strategy = "tool" offers the policy a tool named '
                           f'"{COMPACT_TOOL}", and environment(s) {", ".join(clashes)} have '
