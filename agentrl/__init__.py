@@ -19,6 +19,7 @@ _EXPORTS = {
     "Task": "agentrl.envs.agent_env",
     "Grade": "agentrl.envs.agent_env",
     "tool": "agentrl.envs.tools",
+    "subagent": "agentrl.envs.subagents",
     "format_call": "agentrl.envs.tools",
     "Message": "agentrl.types",
     "load_config": "agentrl.config",

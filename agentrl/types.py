@@ -114,8 +114,29 @@ class Compaction(msgspec.Struct, omit_defaults=True):
     in the turns kept after it)."""
 
 
+SUBAGENT_FAILURES = ("depth_limit", "count_limit", "max_turns", "max_tokens",
+                     "context_budget", "max_compactions")
+"""Why a subagent call gave its caller an error result instead of an answer (the
+``Thread.error_kind`` the caller can recover from; see ``agentrl.rollout.subagents``):
+
+- ``depth_limit`` / ``count_limit``: the call would pass ``rollout.max_subagent_depth`` /
+  ``rollout.max_subagents_per_rollout``, so no thread started;
+- ``max_turns``: the thread used its turns without a final reply (it loops);
+- ``max_tokens``: it generated its token budget (``rollout.max_subagent_tokens``);
+- ``context_budget`` / ``max_compactions``: its context could not be compacted further.
+
+An environment or engine failure inside a subagent thread is not among them: it makes the
+whole rollout invalid, and ``Thread.error_kind`` is its invalid kind (``step_raised``, ...).
+"""
+
+
 class RolloutStats(msgspec.Struct, omit_defaults=True):
-    """What happened during one rollout, for metrics and debugging."""
+    """What happened during one rollout, for metrics and debugging.
+
+    With subagents, the counts (turns, compactions, generated tokens, tool errors) are
+    totals over every thread of the rollout; ``truncated``, ``truncation_reason`` and the
+    error are the rollout's own (its main thread's, or the failure that masked it). Each
+    :class:`Thread` keeps its own figures in ``Thread.stats``."""
 
     num_turns: int = 0
     num_compactions: int = 0
@@ -153,6 +174,12 @@ class Thread(msgspec.Struct, omit_defaults=True):
     """What it returned to its parent; None when it returned nothing."""
     error: str | None = None
     """Why it failed, when it did."""
+    error_kind: str | None = None
+    """The short, stable kind of ``error``: a subagent failure the parent was told about
+    (one of :data:`SUBAGENT_FAILURES`, e.g. ``max_turns``), or an environment failure that
+    made the whole rollout invalid (``step_raised``, ...)."""
+    stats: RolloutStats = msgspec.field(default_factory=RolloutStats)
+    """This thread's own turns, compactions, generated tokens, tool errors, truncation."""
 
 
 class Rollout(msgspec.Struct):

@@ -176,7 +176,8 @@ async def _episode(env: Any, seed: int, actions: list[str] | None,
         action = await env.caller.call(_next_action, (transcript, actions, step), {},
                                        args.timeout, what="step")
         print(f"[assistant] {action}")
-        observation, reward, terminated, truncated, info = await env.step(action)
+        result = await _with_subagents(env, await env.step(action), "main", args, 1)
+        observation, reward, terminated, truncated, info = result
         transcript += observation
         _print_messages(observation)
         total += reward
@@ -190,6 +191,65 @@ async def _episode(env: Any, seed: int, actions: list[str] | None,
     print(f"endless episode: it did not end within {args.max_steps} steps (--max-steps); "
           "an environment must set terminated or truncated (AgentEnv.max_turns)")
     return None
+
+
+async def _with_subagents(env: Any, result: Any, thread_id: str, args: argparse.Namespace,
+                          depth: int) -> Any:
+    """A step that asked for subagents: each call's thread played with the scripted
+    policy, drawn indented under its caller, then the caller's step completed. Violations
+    are raised in the words training uses (``agentrl.rollout.subagents.in_thread``)."""
+    from agentrl.rollout.env_contract import EnvError
+    from agentrl.rollout.subagents import in_thread
+
+    calls = result.info.get("subagent_calls")
+    if not calls:
+        return result
+    results = []
+    for call in calls:
+        try:
+            results.append(await _play_thread(env, call, args, depth))
+        except EnvError as exc:
+            raise in_thread(exc, call) from None
+    return await env.complete_step(thread_id, results)
+
+
+async def _play_thread(env: Any, call: Any, args: argparse.Namespace, depth: int) -> Any:
+    """One subagent thread, scripted; its result for the caller."""
+    from agentrl.envs.subagents import SubagentResult
+    from agentrl.types import Message
+
+    indent = "    " * depth
+    print(f"{indent[:-4]}  └─ thread {call.thread_id} ← {call.origin}")
+    _print_messages(call.messages[1:], indent)
+    for _ in range(args.max_steps):
+        action = await env.caller.call(_next_thread_action, (call.thread_id,), {},
+                                       args.timeout, what="step")
+        _print_messages([Message("assistant", action)], indent)
+        result = await env.thread_step(call.thread_id, action)
+        result = await _with_subagents(env, result, call.thread_id, args, depth + 1)
+        _print_messages(result.observation, indent)
+        if result.terminated:
+            answer = result.info.get("answer", action)
+            print(f"{indent}  ↳ returns to thread {call.parent}: {answer}")
+            return SubagentResult(call.thread_id, answer=answer)
+        if result.truncated:
+            print(f"{indent}  ↳ truncated: no answer for thread {call.parent}")
+            return SubagentResult(call.thread_id, error="the subagent gave no answer",
+                                  error_kind="max_turns")
+    print(f"{indent}endless subagent thread: no answer within {args.max_steps} steps")
+    return SubagentResult(call.thread_id, error="no answer", error_kind="max_turns")
+
+
+def _next_thread_action(env: Any, thread_id: str) -> str:
+    """In the worker: the demonstration policy's next message for a subagent thread (a
+    plain "none" when the environment has no policy: the thread ends at once)."""
+    from agentrl.envs.agent_env import has_demonstration
+
+    if has_demonstration(env):
+        action = env.demonstrate(list(env.thread_history(thread_id)))
+        if action is not None:
+            return action
+    return "none"
 
 
 def _gym_check(env: Any) -> str | None:
@@ -280,11 +340,11 @@ def _print_traceback(exc: Any) -> None:
         print(exc.traceback.rstrip())
 
 
-def _print_messages(messages: list) -> None:
+def _print_messages(messages: list, indent: str = "") -> None:
     for message in messages:
         name = f":{message.name}" if message.name else ""
         content = message.content if len(message.content) < 600 else message.content[:600] + "…"
-        print(f"[{message.role}{name}] {content}")
+        print(indent + f"[{message.role}{name}] {content}".replace("\n", "\n" + indent))
 
 
 def _load_actions(path: str) -> list[str]:

@@ -151,8 +151,22 @@ class RolloutConfig(_Section):
     max_turns: PositiveInt = 8
     """Model turns per rollout; >= 1."""
     max_rollout_tokens: PositiveInt = 2048
-    """Generated tokens per rollout, over all turns and segments; >= 1. Without
-    compaction a rollout is one row, so prompt + this must fit the model's positions."""
+    """Generated tokens of a rollout's main thread, over all its turns and segments; >= 1
+    (subagent threads have max_subagent_tokens each). Without compaction a thread is one
+    row, so prompt + this must fit the model's positions."""
+    max_subagent_depth: NonNegativeInt = 1
+    """Levels of subagents below the main thread (``@subagent`` tools): 1 lets the main
+    thread start subagents, 2 lets those start their own, ...; >= 0. A call past it gets an
+    error result (``subagent_failures/depth_limit``) and starts nothing; 0 turns them off."""
+    max_subagents_per_rollout: NonNegativeInt = 8
+    """Subagent threads one rollout may start, over all depths (threads, not calls
+    refused); >= 0. Calls past it get an error result (``subagent_failures/count_limit``).
+    Several calls of one turn run concurrently."""
+    max_subagent_tokens: PositiveInt = 512
+    """Generated tokens of one subagent thread, over its turns and segments; >= 1 (a
+    ``@subagent(max_tokens=...)`` may lower it). A thread out of tokens returns an error
+    result to its parent (``subagent_failures/max_tokens``). A rollout generates at most
+    max_rollout_tokens + max_subagents_per_rollout x max_subagent_tokens tokens."""
     step_timeout_s: Annotated[PositiveFloat, fix("give a number of seconds > 0")] = 30.0
     """Seconds one environment call (reset, tool_schemas, step, close) may take before the
     rollout is marked invalid, counted from the call's own start (never time spent

@@ -28,14 +28,15 @@ under 200 bytes rendered: at most one token per byte, whatever the tokenizer).""
 def engine_max_len(config: Config, max_position_embeddings: int) -> int:
     """Tokens one request may hold (prompt + generated): the compaction budget plus a
     turn (plus the summary request and the summary, when the budget asks for one), or
-    the rollout budget plus room for prompts and observations."""
+    the longest thread's budget (the main thread's, or a subagent's) plus room for
+    prompts and observations."""
     rollout, compaction = config.rollout, config.compaction
     if compaction.strategy != "none":
         max_len = compaction.max_context_tokens + rollout.max_new_tokens + 1
         if compaction.asks_for_summary:
             max_len += SUMMARY_REQUEST_TOKENS + compaction.summary_max_tokens
     else:
-        max_len = rollout.max_rollout_tokens + 2048
+        max_len = max(rollout.max_rollout_tokens, rollout.max_subagent_tokens) + 2048
     return min(max_len, max_position_embeddings)
 
 

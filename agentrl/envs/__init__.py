@@ -1,4 +1,5 @@
-"""The environment author's API: AgentEnv, @tool, registry, context budget, demonstrations.
+"""The environment author's API: AgentEnv, @tool, @subagent, registry, context budget,
+demonstrations.
 
 The names below are the stable API (``from agentrl.envs import AgentEnv, tool``; the same
 names are importable from ``agentrl``).
@@ -6,6 +7,7 @@ names are importable from ``agentrl``).
 
 from agentrl.envs.agent_env import AgentEnv, Grade, Task
 from agentrl.envs.registry import make
+from agentrl.envs.subagents import subagent
 from agentrl.envs.tools import format_call, tool
 
-__all__ = ["AgentEnv", "Grade", "Task", "format_call", "make", "tool"]
+__all__ = ["AgentEnv", "Grade", "Task", "format_call", "make", "subagent", "tool"]

@@ -40,6 +40,12 @@ The contract the rollout runner relies on
   violation invalidates that rollout with a message naming the environment, the method
   and the expected type; it never stops the run (unless most rollouts of an environment
   fail: ``train.max_invalid_fraction``).
+- Subagents (``@subagent`` methods, :mod:`agentrl.envs.subagents`): a step that calls one
+  returns ``([], 0.0, False, False, info)`` with ``info["subagent_calls"]`` and waits;
+  the runner plays each call's thread with ``thread_step(thread_id, action)`` (reward
+  0.0; a reply without tool calls is the answer, ``info["answer"]``) and finishes the
+  step with ``complete_step(thread_id, results)``. The same checks apply to both, and the
+  runner calls them one at a time per instance.
 - An env instance is stateful: one instance per concurrent rollout.
 - ``tool_schemas()``: OpenAI-style function schemas of the ``@tool`` methods, for the
   chat template's ``tools`` argument.
@@ -61,14 +67,26 @@ from typing import Any
 import gymnasium
 import msgspec
 import numpy as np
-from gymnasium import spaces
 
-from agentrl.envs.tools import MAX_OUTPUT_CHARS, PARSERS, ToolCallParser, collect_tools, run_call
-from agentrl.types import Message
+from agentrl.envs.spaces import MessageSpace, TextSpace
+from agentrl.envs.subagents import (
+    PendingStep,
+    SubagentCall,
+    SubagentResult,
+    ThreadBook,
+    collect_subagents,
+)
+from agentrl.envs.tools import (
+    MAX_OUTPUT_CHARS,
+    PARSERS,
+    BoundTool,
+    ToolCallParser,
+    collect_tools,
+    run_call,
+)
+from agentrl.types import MAIN_THREAD, Message
 
 SPLITS = ("train", "eval")
-ROLES = ("system", "user", "assistant", "tool")
-_PRINTABLE = tuple(chr(c) for c in range(32, 127)) + ("\n",)
 
 
 class Task(msgspec.Struct):
@@ -86,69 +104,6 @@ class Grade(msgspec.Struct):
 
     reward: float
     components: dict[str, float] = {}
-
-
-class TextSpace(spaces.Space[str]):
-    """Any string up to ``max_length`` characters: the space of the model's actions."""
-
-    def __init__(self, max_length: int = 100_000, seed: int | None = None):
-        self.max_length = max_length
-        super().__init__(shape=None, dtype=None, seed=seed)
-
-    @property
-    def is_np_flattenable(self) -> bool:
-        """Text cannot be flattened into a numeric array."""
-        return False
-
-    def sample(self, mask: Any = None, probability: Any = None) -> str:
-        """Random printable text (short), enough for checkers and smoke tests."""
-        length = int(self.np_random.integers(1, 40))
-        return "".join(self.np_random.choice(_PRINTABLE, size=length))
-
-    def contains(self, x: Any) -> bool:
-        """Any str within the length limit."""
-        return isinstance(x, str) and len(x) <= self.max_length
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TextSpace) and other.max_length == self.max_length
-
-
-class MessageSpace(spaces.Space[list[Message]]):
-    """Lists of chat messages: the space of observations."""
-
-    def __init__(self, max_messages: int = 1024, max_length: int = 1_000_000,
-                 seed: int | None = None):
-        self.max_messages = max_messages
-        self.max_length = max_length
-        super().__init__(shape=None, dtype=None, seed=seed)
-
-    @property
-    def is_np_flattenable(self) -> bool:
-        """Messages cannot be flattened into a numeric array."""
-        return False
-
-    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
-        """A few random messages, for checkers."""
-        count = int(self.np_random.integers(1, 4))
-        text = TextSpace(seed=int(self.np_random.integers(2**31)))
-        return [Message(str(self.np_random.choice(ROLES)), text.sample()) for _ in range(count)]
-
-    def contains(self, x: Any) -> bool:
-        """A list of Messages with known roles and str content within the limits."""
-        return (
-            isinstance(x, list)
-            and len(x) <= self.max_messages
-            and all(
-                isinstance(m, Message) and m.role in ROLES and isinstance(m.content, str)
-                and len(m.content) <= self.max_length
-                for m in x
-            )
-        )
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, MessageSpace) and (
-            (other.max_messages, other.max_length) == (self.max_messages, self.max_length)
-        )
 
 
 def split_of_key(key: str, eval_fraction: float) -> str:
@@ -179,6 +134,9 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
     reward_range: tuple[float, float] | None = None
     """Declared bounds of one step's reward; a step reward outside them invalidates the
     rollout (``bad_reward``). None: any finite float."""
+    main_tools: tuple[str, ...] | None = None
+    """Names of the ``@tool`` and ``@subagent`` methods offered to the main thread; None:
+    all of them. (A subagent's own tools are the ``tools=`` of its ``@subagent``.)"""
 
     def __init__(self, *, max_turns: int | None = None, render_mode: str | None = None,
                  parser: str | ToolCallParser = "hermes"):
@@ -193,8 +151,13 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         self.observation_space = MessageSpace()
         self.action_space = TextSpace()
         self.tools = collect_tools(self)
+        self.subagents = collect_subagents(self, self.tools)
         self.task: Task | None = None
         self.history: list[Message] = []
+        self.threads = ThreadBook()
+        self.calling_thread = MAIN_THREAD
+        """The thread whose turn is running its tools (``MAIN_THREAD`` or a subagent's
+        id): a tool that keeps per-thread state reads it (see ``thread_arguments``)."""
         self._turn = 0
         self._done = True
 
@@ -213,9 +176,11 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
 
         ``messages`` is the conversation so far as this environment saw it (the reset
         messages, then every assistant message and the tool messages after it; never
-        compacted), and ``self.task`` is the current task. Return the text the model should
-        write next: tool calls (:func:`agentrl.envs.tools.format_call` writes them) or the final
-        answer. ``agentrl sft`` plays it through the rollout runner to warm-start a model;
+        compacted), and ``self.task`` is the current task. For a subagent thread it is
+        that thread's conversation, which starts with the subagent's system prompt.
+        Return the text the model should write next: tool calls
+        (:func:`agentrl.envs.tools.format_call` writes them) or the final answer.
+        ``agentrl sft`` plays it through the rollout runner to warm-start a model;
         ``agentrl check-env`` plays it as its scripted episodes. Act on what the model can
         see after compaction (the task and the newest turn), so the policy is learnable.
         The default returns None: no scripted policy.
@@ -259,8 +224,9 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
     # ------------------------------------------------------------------ gymnasium API
 
     def tool_schemas(self) -> list[dict[str, Any]]:
-        """OpenAI-style function schemas of this environment's tools (maybe empty)."""
-        return [bound.spec.schema() for bound in self.tools.values()]
+        """OpenAI-style function schemas of the main thread's tools and subagents (maybe
+        empty)."""
+        return [bound.spec.schema() for bound in self._toolset(MAIN_THREAD).values()]
 
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
@@ -271,6 +237,7 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
             raise ValueError(f"options['split'] is {split!r}; use one of {SPLITS}")
         self.task = self.draw_task(self.np_random, split)
         self.history = [msgspec.structs.replace(m) for m in self.task.messages]
+        self.threads = ThreadBook()
         self._turn = 0
         self._done = False
         return [msgspec.structs.replace(m) for m in self.history], {"split": split}
@@ -279,11 +246,11 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         """Run the tool calls in the text, or grade it as the final answer."""
         if self._done or self.task is None:
             raise ValueError("step() called on a finished or unstarted episode; call reset()")
-        if not isinstance(action, str):
-            raise ValueError(f"action must be the model's text (str), got {type(action)}")
+        if MAIN_THREAD in self.threads.pending:
+            raise ValueError("step() called while the last step waits for its subagents; "
+                             "call complete_step('main', results) first")
+        calls = self._read_turn(self.history, action)
         self._turn += 1
-        self.history.append(Message("assistant", action))
-        calls = self.parser.parse(action)
         info: dict[str, Any] = {"tool_errors": {}, "reward_components": {},
                                 "num_tool_calls": len(calls)}
         if not calls:
@@ -292,11 +259,48 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
             info["reward_components"] = dict(grade.components)
             self._done = True
             return [], float(grade.reward), True, False, info
-        observation = self._run_calls(calls, info)
-        self.history.extend(observation)
-        truncated = self._turn >= self.max_turns
-        self._done = truncated
-        return [msgspec.structs.replace(m) for m in observation], 0.0, False, truncated, info
+        return self._tool_turn(MAIN_THREAD, calls, info)
+
+    def thread_step(self, thread_id: str, action: str) -> tuple[list[Message], float, bool,
+                                                                 bool, dict[str, Any]]:
+        """One turn of a subagent thread (see :mod:`agentrl.envs.subagents`): its tool
+        calls run; a reply without calls is the thread's answer (``info["answer"]``) and
+        ends it. The reward is always 0.0."""
+        state = self.threads.state(thread_id)
+        if thread_id in self.threads.pending:
+            raise ValueError(f"thread_step({thread_id!r}) called while its last step waits "
+                             "for its subagents; call complete_step first")
+        calls = self._read_turn(state.history, action)
+        state.turn += 1
+        info: dict[str, Any] = {"tool_errors": {}, "num_tool_calls": len(calls)}
+        if not calls:
+            state.done = True
+            info["answer"] = action.strip()
+            return [], 0.0, True, False, info
+        return self._tool_turn(thread_id, calls, info)
+
+    def complete_step(self, thread_id: str, results: list[SubagentResult]) -> tuple[
+            list[Message], float, bool, bool, dict[str, Any]]:
+        """Finish a step that waited for subagents: their answers (or errors) take their
+        calls' places in the observation, as tool messages."""
+        observation, info = self.threads.take_pending(thread_id, results,
+                                                      self.max_tool_output_chars)
+        return self._end_turn(thread_id, observation, info)
+
+    def thread_arguments(self) -> dict[str, Any]:
+        """The arguments of the subagent call that started the thread whose tools are
+        running (``{}`` in the main thread): e.g. the document a reader was given."""
+        state = self.threads.threads.get(self.calling_thread)
+        return dict(state.arguments) if state is not None else {}
+
+    def thread_history(self, thread_id: str = MAIN_THREAD) -> list[Message]:
+        """A thread's conversation so far (the main one: ``history``)."""
+        if thread_id == MAIN_THREAD:
+            return self.history
+        state = self.threads.threads.get(thread_id)
+        if state is None:
+            raise ValueError(f"no subagent thread {thread_id!r} in this episode")
+        return state.history
 
     async def astep(self, action: str) -> tuple[list[Message], float, bool, bool, dict]:
         """``step`` in a worker thread. The runner calls ``step`` on its own thread instead
@@ -321,9 +325,57 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
             raise TypeError(missing_init_message(type(self)))
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def _run_calls(self, calls: list, info: dict[str, Any]) -> list[Message]:
+    def _read_turn(self, history: list[Message], action: str) -> list:
+        """Record the model's reply in a thread's history; the tool calls it holds."""
+        if not isinstance(action, str):
+            raise ValueError(f"action must be the model's text (str), got {type(action)}")
+        history.append(Message("assistant", action))
+        return self.parser.parse(action)
+
+    def _toolset(self, thread_id: str) -> dict[str, BoundTool]:
+        """The tools and subagents a thread may call, by name."""
+        if thread_id != MAIN_THREAD:
+            return self.named_tools(self.threads.threads[thread_id].bound.spec.tools)
+        if self.main_tools is None:
+            return self.named_tools([*self.tools, *self.subagents])
+        return self.named_tools(self.main_tools)
+
+    def named_tools(self, names: Any) -> dict[str, BoundTool]:
+        """These ``@tool`` and ``@subagent`` methods (a subagent as its task builder)."""
+        every = {**self.tools, **{n: b.as_tool for n, b in self.subagents.items()}}
+        return {name: every[name] for name in names if name in every}
+
+    def _tool_turn(self, thread_id: str, calls: list, info: dict[str, Any]) -> tuple:
+        """Run a turn's calls; a turn that started subagents waits for ``complete_step``."""
+        observation, subagent_calls = self._run_calls(calls, info, thread_id)
+        if not subagent_calls:
+            return self._end_turn(thread_id, observation, info)
+        names = {c.thread_id: c.name for c in subagent_calls}
+        self.threads.pending[thread_id] = PendingStep(observation, subagent_calls, names, info)
+        return [], 0.0, False, False, {**info, "subagent_calls": subagent_calls}
+
+    def _end_turn(self, thread_id: str, observation: list[Message], info: dict[str, Any]
+                  ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """Record a tool turn's observation; truncated at the thread's turn limit."""
+        if thread_id == MAIN_THREAD:
+            self.history.extend(observation)
+            truncated = self._turn >= self.max_turns
+            self._done = truncated
+        else:
+            state = self.threads.threads[thread_id]
+            state.history.extend(observation)
+            truncated = state.turn >= state.max_turns
+            state.done = truncated
+        return [msgspec.structs.replace(m) for m in observation], 0.0, False, truncated, info
+
+    def _run_calls(self, calls: list, info: dict[str, Any], thread_id: str = MAIN_THREAD
+                   ) -> tuple[list[Any], list[SubagentCall]]:
+        """Each call's tool message, in order; a subagent call leaves a hole (None) that
+        its answer fills, and opens a thread."""
         errors: Counter[str] = Counter()
-        observation = []
+        tools = self._toolset(thread_id)
+        observation: list[Any] = []
+        subagent_calls: list[SubagentCall] = []
         for index, call in enumerate(calls):
             if index >= self.max_tool_calls_per_turn:
                 errors["too_many_calls"] += len(calls) - index
@@ -331,17 +383,31 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
                     "tool", f"Error (too_many_calls): only {self.max_tool_calls_per_turn} "
                     "tool calls run per turn; the rest were skipped", "error"))
                 break
-            outcome = run_call(self.tools, call, self.tool_timeout_s,
-                               self.max_tool_output_chars)
+            self.calling_thread = thread_id
+            try:
+                outcome = run_call(tools, call, self.tool_timeout_s,
+                                   self.max_tool_output_chars)
+            finally:
+                self.calling_thread = MAIN_THREAD
             if outcome.error is not None:
                 errors[outcome.error] += 1
+            elif call.name in self.subagents:  # the result is the subagent's task text
+                bound = self.subagents[call.name]
+                schemas = [t.spec.schema()
+                           for t in self.named_tools(bound.spec.tools).values()]
+                subagent_calls.append(self.threads.open(
+                    thread_id, bound, outcome.message.content, call.arguments, schemas,
+                    self.max_turns))
+                observation.append(None)
+                continue
             observation.append(outcome.message)
         info["tool_errors"] = dict(errors)
-        return observation
+        return observation, subagent_calls
 
 
-_SET_BY_INIT = frozenset({"observation_space", "action_space", "tools", "parser", "task",
-                          "history", "_turn", "_done"})
+_SET_BY_INIT = frozenset({"observation_space", "action_space", "tools", "subagents",
+                          "parser", "task", "history", "threads", "calling_thread", "_turn",
+                          "_done"})
 
 
 def missing_init_message(cls: type) -> str:

@@ -74,6 +74,26 @@ def budget_of_prompts(heads: list[Any], tools: list[dict[str, Any]] | None, toke
     return longest
 
 
+def subagent_prompt_tokens(env: Any, tokenizer: Any,
+                           extra_tools: list[dict[str, Any]] | None = None) -> dict[str, int]:
+    """Tokens each ``@subagent`` thread of the environment starts from before its task
+    text: its system prompt and its tools' schemas (plus ``extra_tools``, those the
+    rollout adds to every thread, e.g. ``compact``) through the chat template (the task is
+    built from each call's arguments, so it is not known before a call)."""
+    from agentrl.envs.subagents import BoundSubagent
+
+    out: dict[str, int] = {}
+    for name, bound in (getattr(env, "subagents", None) or {}).items():
+        assert isinstance(bound, BoundSubagent)
+        tools = [t.spec.schema() for t in env.named_tools(bound.spec.tools).values()]
+        tools += extra_tools or []
+        text = tokenizer.apply_chat_template(
+            [{"role": "system", "content": bound.spec.system}, {"role": "user", "content": ""}],
+            tools=tools or None, add_generation_prompt=True)
+        out[name] = len(tokenizer.encode(text))
+    return out
+
+
 TINY_TOKENIZER_NOTE = (
     "measured with the tiny built-in tokenizer, which `agentrl train` uses when model.path "
     "is empty; a model from `agentrl sft --out DIR` has a tokenizer fitted to your "

@@ -15,9 +15,11 @@ Each environment of the config needs one source (checked before anything runs):
 
   ``env``: the environment's name in the config (its ``name``, else the id's last part);
   ``seed``: the task seed (the task ``env.reset(seed=seed)`` draws); ``actions``: the
-  assistant messages in order. The tool results come from replaying the actions in the
-  environment, and only trajectories the environment grades above 0 are trained on. A
-  file's trajectories take precedence over the hook for the environments it names.
+  main thread's assistant messages in order; ``threads`` (optional): each subagent
+  thread's, by thread id (``{"1": ["...", "..."]}``, see ``agentrl.envs.subagents``).
+  The tool results come from replaying the actions in the environment, and only
+  trajectories the environment grades above 0 are trained on. A file's trajectories take
+  precedence over the hook for the environments it names.
 
 Each environment gets its weight's share of the demonstrations, and the count played and
 correct per environment is reported; an environment none of whose demonstrations is
@@ -35,9 +37,11 @@ import msgspec
 
 from agentrl.config import Config, ConfigError, EnvironmentConfig
 from agentrl.envs.agent_env import has_demonstration
+from agentrl.types import MAIN_THREAD
 
-Policy = Callable[[Any], "str | None"]
-"""A scripted policy: the environment (mid-episode) → the next assistant message."""
+Policy = Callable[[Any, str], "str | None"]
+"""A scripted policy: the environment (mid-episode) and a thread id ("main", or a
+subagent's) → that thread's next assistant message."""
 
 
 class Trajectory(msgspec.Struct, forbid_unknown_fields=True):
@@ -46,6 +50,8 @@ class Trajectory(msgspec.Struct, forbid_unknown_fields=True):
     env: str
     seed: int
     actions: list[str]
+    threads: dict[str, list[str]] = {}
+    """Subagent threads' actions, by thread id."""
 
 
 def load_trajectories(paths: Iterable[str | Path]) -> dict[str, list[Trajectory]]:
@@ -72,9 +78,17 @@ def load_trajectories(paths: Iterable[str | Path]) -> dict[str, list[Trajectory]
     return dict(found)
 
 
-def hook_policy(env: Any) -> str | None:
-    """The environment's own scripted policy, on the conversation it has seen so far."""
-    return env.demonstrate(list(getattr(env, "history", [])))
+def hook_policy(env: Any, thread_id: str = MAIN_THREAD) -> str | None:
+    """The environment's own scripted policy, on the conversation the thread has seen so
+    far (a subagent thread's own conversation, ``AgentEnv.thread_history``)."""
+    return env.demonstrate(list(thread_messages(env, thread_id)))
+
+
+def thread_messages(env: Any, thread_id: str) -> list[Any]:
+    """The conversation of one thread as the environment saw it."""
+    if thread_id == MAIN_THREAD:
+        return list(getattr(env, "history", []))
+    return list(env.thread_history(thread_id))
 
 
 def task_key(env: Any) -> str:
@@ -90,17 +104,18 @@ class ReplayPolicy:
         from agentrl.envs.registry import make
 
         env = make(env_config.id, **env_config.kwargs)
-        self.actions: dict[str, list[str]] = {}
+        self.actions: dict[str, dict[str, list[str]]] = {}
         for trajectory in trajectories:
             env.reset(seed=trajectory.seed)
-            self.actions[task_key(env)] = trajectory.actions
+            self.actions[task_key(env)] = {MAIN_THREAD: trajectory.actions,
+                                           **trajectory.threads}
         self.seeds = [t.seed for t in trajectories]
         env.close()
 
-    def __call__(self, env: Any) -> str | None:
-        """The next action of this task's trajectory; None past its end."""
-        actions = self.actions.get(task_key(env), [])
-        turn = sum(1 for m in env.history if m.role == "assistant")
+    def __call__(self, env: Any, thread_id: str = MAIN_THREAD) -> str | None:
+        """The next action of this task's trajectory in that thread; None past its end."""
+        actions = self.actions.get(task_key(env), {}).get(thread_id, [])
+        turn = sum(1 for m in thread_messages(env, thread_id) if m.role == "assistant")
         return actions[turn] if turn < len(actions) else None
 
 

@@ -53,9 +53,11 @@ BUILTINS = {
     "agentrl/KVStore-v0": "environments.kvstore:KVStoreEnv",
     "agentrl/Python-v0": "environments.python:PythonEnv",
     "agentrl/Ledger-v0": "environments.ledger:LedgerEnv",
+    "agentrl/DocQA-v0": "environments.docqa:DocQAEnv",
 }
 """Built-in ids and their entry points (Ledger and KVStore are the long-horizon ones: in
-Ledger facts must survive compaction, in KVStore only the last turn matters)."""
+Ledger facts must survive compaction, in KVStore only the last turn matters; DocQA is the
+one solved by delegating to subagents)."""
 
 
 def register_builtins() -> None:

@@ -69,6 +69,8 @@ class MemoryPlan(msgspec.Struct):
     """Settings that would make a config that does not fit fit (empty when it fits)."""
     max_fitting_tokens: int = 0
     """The largest micro-batch budget (tokens, multiple of 1024) that fits; 0 if none."""
+    generation: str = ""
+    """What one rollout generates across its threads, and its longest request."""
 
     @property
     def total_bytes(self) -> float:
@@ -180,6 +182,7 @@ def plan_memory(config: Config, args: ModelArgs, gpu_gib: float,
         raise ValueError(f"the plan needs >= 1 rank and a positive GPU size; got {num_ranks} "
                          f"ranks and {gpu_gib} GiB")
     plan = _plan(config, args, gpu_gib * GIB, num_ranks)
+    plan.generation = rollout_generation(config, args.max_position_embeddings)
     plan.max_fitting_tokens = _max_fitting_tokens(config, args, plan.gpu_bytes, num_ranks)
     if not plan.fits:
         plan.suggestions = _suggestions(config, args, plan)
@@ -215,6 +218,18 @@ def _plan(config: Config, args: ModelArgs, gpu_bytes: float, num_ranks: int) -> 
     ]
     return MemoryPlan(gpu_bytes=gpu_bytes, num_ranks=num_ranks,
                       activation_checkpointing=checkpointing, terms=terms)
+
+
+def rollout_generation(config: Config, max_position_embeddings: int) -> str:
+    """One rollout's generation in tokens: over its threads (the main thread and up to
+    ``max_subagents_per_rollout`` subagents), and the longest request one thread makes."""
+    rollout = config.rollout
+    total = rollout.max_rollout_tokens + (rollout.max_subagents_per_rollout
+                                          * rollout.max_subagent_tokens)
+    return (f"a rollout generates at most {total} tokens across its threads (main "
+            f"{rollout.max_rollout_tokens} + {rollout.max_subagents_per_rollout} subagents x "
+            f"{rollout.max_subagent_tokens}), each thread one request of at most "
+            f"{engine_max_len(config, max_position_embeddings)} tokens at a time")
 
 
 def _count(num: int) -> str:
@@ -303,11 +318,12 @@ def _engine_shares(config: Config, args: ModelArgs, gpu_bytes: float,
     slots = config.rollout.max_concurrent_rollouts
     max_len = engine_max_len(config, args.max_position_embeddings)
     if config.rollout.max_staleness > 0:  # it generates the next collection meanwhile
-        kv_term = MemoryTerm("engine KV cache", kv, f"{slots} slots × {max_len} tokens; in "
-                             "use while training (asynchronous collection)")
+        kv_term = MemoryTerm("engine KV cache", kv, f"{slots} slots × {max_len} tokens (the "
+                             "longest thread's request); in use while training "
+                             "(asynchronous collection)")
     else:
-        kv_term = MemoryTerm("engine KV cache", kv, f"{slots} slots × {max_len} tokens; freed "
-                             "while training", "generation")
+        kv_term = MemoryTerm("engine KV cache", kv, f"{slots} slots × {max_len} tokens (the "
+                             "longest thread's request); freed while training", "generation")
     return [MemoryTerm("engine model copy", weights, "the built-in engine's weights"), kv_term]
 
 
@@ -376,6 +392,8 @@ def describe_memory_plan(plan: MemoryPlan) -> str:
                  f"{held['always']:.2f} + max(training {held['training']:.2f}, generation "
                  f"{held['generation']:.2f})")
     lines.append(f"  {'headroom':<22} {plan.headroom_bytes / GIB:7.2f} GiB")
+    if plan.generation:
+        lines.append(f"generation: {plan.generation}")
     if plan.num_ranks > 1 and plan.engine_bytes:
         others = "rank 1" if plan.num_ranks == 2 else f"ranks 1-{plan.num_ranks - 1}"
         lines.append(f"{others} (no engine): {plan.without_engine_bytes / GIB:.2f} GiB each")

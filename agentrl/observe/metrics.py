@@ -13,7 +13,13 @@ from typing import Any
 import msgspec
 
 from agentrl.observe.compaction import compaction_figures
-from agentrl.types import TRUNCATION_REASONS, Group, Rollout
+from agentrl.types import (
+    MAIN_THREAD,
+    SUBAGENT_FAILURES,
+    TRUNCATION_REASONS,
+    Group,
+    Rollout,
+)
 
 
 class Counts(msgspec.Struct):
@@ -129,7 +135,40 @@ def rollout_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
     }
     figures.update(breakdown_figures(rollouts, prefix))
     figures.update(compaction_figures(rollouts, prefix))
+    figures.update(subagent_figures(rollouts, prefix))
     return figures
+
+
+def subagent_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, float]:
+    """The rollout trees of non-empty ``rollouts`` (none when no rollout called a
+    subagent): ``subagents/threads_per_rollout/mean`` (main + subagent threads that ran),
+    ``subagents/calls_per_rollout/mean``, ``subagents/depth/mean`` and ``/max`` (deepest
+    thread per rollout, 0 for none), ``subagents/generated_token_share`` (subagent tokens
+    over all generated tokens) and ``subagents/failures/<reason>`` (every reason of
+    ``SUBAGENT_FAILURES``, 0 included, and any environment failure in a thread)."""
+    if not any(r.threads for r in rollouts):
+        return {}
+    n = len(rollouts)
+    ran = [{s.thread for s in r.segments} - {MAIN_THREAD} for r in rollouts]
+    depths = [max((t.depth for t in r.threads if t.thread_id in ids), default=0)
+              for r, ids in zip(rollouts, ran, strict=True)]
+    total = sum(r.num_generated_tokens for r in rollouts)
+    delegated = sum(s.num_generated_tokens for r in rollouts for s in r.segments
+                    if s.thread != MAIN_THREAD)
+    failures = dict.fromkeys(SUBAGENT_FAILURES, 0)
+    for rollout in rollouts:
+        for thread in rollout.threads:
+            if thread.error_kind is not None:
+                failures[thread.error_kind] = failures.get(thread.error_kind, 0) + 1
+    out = {
+        f"{prefix}subagents/threads_per_rollout/mean": sum(1 + len(ids) for ids in ran) / n,
+        f"{prefix}subagents/calls_per_rollout/mean": sum(len(r.threads) for r in rollouts) / n,
+        f"{prefix}subagents/depth/mean": sum(depths) / n,
+        f"{prefix}subagents/depth/max": float(max(depths)),
+        f"{prefix}subagents/generated_token_share": delegated / total if total else 0.0,
+    }
+    out.update({f"{prefix}subagents/failures/{k}": float(v) for k, v in failures.items()})
+    return out
 
 
 def breakdown_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, float]:

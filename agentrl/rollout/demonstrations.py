@@ -15,12 +15,18 @@ import msgspec
 
 from agentrl.config import Config, ConfigError, EnvironmentConfig
 from agentrl.engines.interface import Generation, SamplingParams
-from agentrl.envs.demonstrations import Policy, ReplayPolicy, demonstration_policies
+from agentrl.envs.demonstrations import (
+    Policy,
+    ReplayPolicy,
+    demonstration_policies,
+    thread_messages,
+)
 from agentrl.envs.tools import format_call
 from agentrl.rollout.compact_tool import COMPACT_TOOL
 from agentrl.rollout.compaction import SUMMARY_REQUEST
+from agentrl.rollout.subagents import split_thread_key
 from agentrl.sampler import EnvironmentSampler, TaskDraw
-from agentrl.types import Rollout
+from agentrl.types import MAIN_THREAD, Rollout
 
 
 class DemoEngine:
@@ -41,9 +47,11 @@ class DemoEngine:
         self.playing: dict[str, tuple[str, Any, Policy]] = {}
         """Rollout id → (environment name, environment, policy): filled by the runner's
         factory as it builds each rollout's instance (``episode.CURRENT_ROLLOUT``); the
-        engine's requests carry the rollout id as their key."""
+        engine's requests carry the rollout id as their key (a subagent thread's key adds
+        its thread id: ``agentrl.rollout.subagents.thread_key``)."""
         self.asked_at: dict[str, int] = {}
-        """Rollout id → history length when the tool strategy last asked to compact."""
+        """Request key (a thread of a rollout) → that thread's history length when the
+        tool strategy last asked to compact."""
 
     weight_version = 0
     """A script has one version."""
@@ -56,15 +64,18 @@ class DemoEngine:
         A policy that fails, returns nothing, or writes more than ``max_tokens`` raises
         ValueError, which the runner turns into an invalid rollout with that reason.
         """
-        name, env, policy = self.playing[key]
+        rollout_id, thread_id = split_thread_key(key or "")
+        name, env, policy = self.playing[rollout_id]
+        where = "" if thread_id == MAIN_THREAD else f" of subagent thread {thread_id}"
         try:
-            text = self._reply(key, prompt_ids, env, policy)
+            text = self._reply(key or "", thread_id, prompt_ids, env, policy)
         except Exception as exc:  # a bug in a scripted policy: report it, do not crash
-            raise ValueError(f"{name}: the demonstration raised {type(exc).__name__}: "
-                             f"{exc}") from exc
+            raise ValueError(f"{name}: the demonstration{where} raised "
+                             f"{type(exc).__name__}: {exc}") from exc
         if text is None:
+            turn = sum(1 for m in thread_messages(env, thread_id) if m.role == "assistant")
             raise ValueError(f"{name}: the demonstration gave no message for turn "
-                             f"{sum(1 for m in env.history if m.role == 'assistant') + 1}")
+                             f"{turn + 1}{where}")
         ids = self.tokenizer.encode(text)
         if len(ids) > params.max_tokens - 1:
             raise ValueError(f"{name}: a demonstration message is {len(ids)} tokens, over the "
@@ -74,25 +85,27 @@ class DemoEngine:
         ids.append(self.tokenizer.eos_token_id)
         return Generation(ids, [0.0] * len(ids), "stop")
 
-    def _reply(self, key: str, prompt_ids: list[int], env: Any, policy: Policy) -> str | None:
+    def _reply(self, key: str, thread_id: str, prompt_ids: list[int], env: Any,
+               policy: Policy) -> str | None:
         """The summary asked for, a ``compact`` call the environment wants now, or the
-        policy's next action."""
+        policy's next action, all in the thread the request comes from."""
+        history = thread_messages(env, thread_id)
         if self._asks_for_summary(prompt_ids):
             # the request comes before the newest tool result: summarize what was seen
-            seen = env.history[: max(i for i, m in enumerate(env.history)
-                                     if m.role == "assistant") + 1]
+            seen = history[: max(i for i, m in enumerate(history)
+                                 if m.role == "assistant") + 1]
             summary = getattr(env, "demonstrate_summary", lambda *_: None)(seen, True)
             if summary is None:
                 raise ValueError("a summary was asked for and demonstrate_summary(messages, "
                                  "forced=True) returned None; implement it to warm-start "
                                  "compaction by summary")
             return summary
-        if self.strategy == "tool" and self.asked_at.get(key) != len(env.history):
-            self.asked_at[key] = len(env.history)
-            summary = getattr(env, "demonstrate_summary", lambda *_: None)(env.history, False)
+        if self.strategy == "tool" and self.asked_at.get(key) != len(history):
+            self.asked_at[key] = len(history)
+            summary = getattr(env, "demonstrate_summary", lambda *_: None)(history, False)
             if summary is not None:
                 return format_call(COMPACT_TOOL, summary=summary)
-        return policy(env)
+        return policy(env, thread_id)
 
     def _asks_for_summary(self, prompt_ids: list[int]) -> bool:
         """Whether the prompt ends with the summary request (the summarize compactor)."""

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from agentrl.advantage import rollout_advantages
 from agentrl.reassembler import to_rows
 from agentrl.staleness import token_versions
-from agentrl.types import Rollout, Row
+from agentrl.types import MAIN_THREAD, Rollout, Row
 
 
 def describe_batch(
@@ -53,12 +53,18 @@ def _rollout_lines(rollout: Rollout, rows: list[Row], adv) -> list[str]:
         extras.append("truncated")
     if rollout.stats.tool_errors:
         extras.append(f"tool errors {rollout.stats.tool_errors}")
+    if rollout.threads:
+        ran = len({row.thread for row in rows}) - 1
+        extras.append(f"{ran + 1} threads (main + {ran} subagent), one reward and one "
+                      "advantage for all their rows")
     if extras:
         lines.append(f"    {', '.join(extras)}")
     for row in rows:
+        where = "" if row.thread == MAIN_THREAD else f" (thread {row.thread})"
         lines.append(
-            f"    row {row.segment}: {len(row.token_ids)} tokens ({row.num_prompt_tokens} "
-            f"prompt, {row.num_generated_tokens} generated) · reward copy {row.reward:g} · "
+            f"    row {row.segment}{where}: {len(row.token_ids)} tokens "
+            f"({row.num_prompt_tokens} prompt, {row.num_generated_tokens} generated) · "
+            f"reward copy {row.reward:g} · "
             f"advantage {adv.advantage:+.3g} on each generated token{_versions_text(row)}"
         )
     return lines

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from agentrl.text import is_valid_utf8, short_repr
-from agentrl.types import Message
+from agentrl.types import MAIN_THREAD, Message
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -86,34 +86,89 @@ def check_reset(env: str, result: Any, max_chars: int) -> tuple[list[Message], d
 
 
 def check_step(env: str, result: Any, max_chars: int,
-               reward_range: tuple[float, float] | None = None) -> StepResult:
-    """``step`` must return ``(observation, reward, terminated, truncated, info)``."""
+               reward_range: tuple[float, float] | None = None,
+               method: str = "step") -> StepResult:
+    """``step`` must return ``(observation, reward, terminated, truncated, info)`` (and so
+    must the subagent protocol's ``thread_step`` and ``complete_step``, named ``method``)."""
     if not (isinstance(result, tuple) and len(result) == 5):
-        raise EnvError("bad_step", f"env {env!r}: step() returned {_shape(result)}; expected "
-                       "a 5-tuple (observation, reward, terminated, truncated, info)")
+        raise EnvError("bad_step", f"env {env!r}: {method}() returned {_shape(result)}; "
+                       "expected a 5-tuple (observation, reward, terminated, truncated, info)")
     observation, reward, terminated, truncated, info = result
-    observation = check_observation(env, "step", observation, max_chars)
-    value = check_reward(env, reward, reward_range)
+    observation = check_observation(env, method, observation, max_chars)
+    value = check_reward(env, reward, reward_range, method)
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
         if not isinstance(flag, bool | np.bool_):
-            raise EnvError("bad_step", f"env {env!r}: step() returned {name} {describe(flag)}; "
-                           "expected a bool")
+            raise EnvError("bad_step", f"env {env!r}: {method}() returned {name} "
+                           f"{describe(flag)}; expected a bool")
     return StepResult(observation, value, bool(terminated), bool(truncated),
-                      check_info(env, "step", info))
+                      check_info(env, method, info))
 
 
-def check_reward(env: str, reward: Any, reward_range: tuple[float, float] | None = None) -> float:
+def check_reward(env: str, reward: Any, reward_range: tuple[float, float] | None = None,
+                 method: str = "step") -> float:
     """A finite real number (bool and int are fine; strings, None, NaN and ±inf are not),
     inside ``reward_range`` when the environment declares one."""
     value = finite_float(reward)
     if value is None:
-        raise EnvError("bad_reward", f"env {env!r}: step() returned reward {describe(reward)}; "
-                       "expected a finite float")
+        raise EnvError("bad_reward", f"env {env!r}: {method}() returned reward "
+                       f"{describe(reward)}; expected a finite float")
     if reward_range is not None and not reward_range[0] <= value <= reward_range[1]:
         low, high = reward_range
-        raise EnvError("bad_reward", f"env {env!r}: step() returned reward {value!r}, outside "
-                       f"the declared reward_range [{low}, {high}]")
+        raise EnvError("bad_reward", f"env {env!r}: {method}() returned reward {value!r}, "
+                       f"outside the declared reward_range [{low}, {high}]")
     return value
+
+
+def check_subagent_step(env: str, result: StepResult, method: str, thread_id: str,
+                        known: set[str], max_chars: int) -> list[Any]:
+    """The subagent protocol on a checked step of thread ``thread_id``: the calls it asks
+    for (``info["subagent_calls"]``; [] when none), each a ``SubagentCall`` of this thread
+    with a new id (``known``: the ids so far; the new ones are added); a subagent thread's
+    step earns 0.0 and its answer is a str. See ``agentrl.envs.subagents``."""
+    from agentrl.envs.subagents import SubagentCall
+
+    where = f"env {env!r}: {method}() of thread {thread_id!r}"
+    if thread_id != MAIN_THREAD and result.reward != 0.0:
+        raise EnvError("bad_reward", f"{where} returned reward {result.reward!r}; a subagent's "
+                       "steps earn nothing (the rollout's one reward comes from the main "
+                       "thread), expected 0.0")
+    answer = result.info.get("answer")
+    if answer is not None and not isinstance(answer, str):
+        raise EnvError("bad_info", f"{where} returned info['answer'] = {describe(answer)}; "
+                       "expected the subagent's answer as a str")
+    calls = result.info.get("subagent_calls")
+    if calls is None:
+        return []
+    expected = "expected a non-empty list of agentrl.envs.subagents.SubagentCall"
+    if method == "complete_step" or result.terminated or result.truncated:
+        raise EnvError("bad_info", f"{where} returned info['subagent_calls'] in a step that "
+                       "ends its turn; subagent calls come from a step that waits for them")
+    if not (isinstance(calls, list) and calls):
+        raise EnvError("bad_info", f"{where} returned info['subagent_calls'] = "
+                       f"{describe(calls)}; {expected}")
+    for call in calls:
+        if not isinstance(call, SubagentCall):
+            raise EnvError("bad_info", f"{where} returned a subagent call {describe(call)}; "
+                           f"{expected}")
+        problem = _call_problem(call, thread_id, known)
+        if problem:
+            raise EnvError("bad_info", f"{where} returned subagent call "
+                           f"{short_repr(call.thread_id)} {problem}")
+        check_observation(env, method, call.messages, max_chars)
+        check_tool_schemas(env, call.tools)
+        known.add(call.thread_id)
+    return calls
+
+
+def _call_problem(call: Any, thread_id: str, known: set[str]) -> str | None:
+    if call.parent != thread_id:
+        return f"with parent {call.parent!r}; expected {thread_id!r}, the calling thread"
+    if not isinstance(call.thread_id, str) or not call.thread_id or call.thread_id in known \
+            or call.thread_id == MAIN_THREAD:
+        return "whose id is empty, 'main' or already used; each thread needs a new id"
+    if not isinstance(call.messages, list) or not call.messages:
+        return "without opening messages; expected its system prompt and task as Messages"
+    return None
 
 
 def finite_float(value: Any) -> float | None:

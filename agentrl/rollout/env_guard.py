@@ -39,10 +39,11 @@ from agentrl.rollout.env_contract import (
     check_needed_facts,
     check_reset,
     check_step,
+    check_subagent_step,
     check_tool_schemas,
 )
 from agentrl.text import brief, exception_message
-from agentrl.types import Message
+from agentrl.types import MAIN_THREAD, Message
 
 ISOLATIONS = ("thread", "process")
 INLINE_WAIT_S = 0.1
@@ -66,6 +67,10 @@ class GuardedEnv:
         self.timeout_s = timeout_s
         self.max_observation_chars = max_observation_chars
         self.reward_range: tuple[float, float] | None = None
+        self.thread_ids: set[str] = set()
+        """Subagent threads the environment started (their ids must be new)."""
+        self._steps = asyncio.Lock()
+        """One step at a time: a rollout's threads share the instance (and its worker)."""
 
     @classmethod
     async def open(cls, name: str, factory: Callable[[], Any], timeout_s: float,
@@ -103,6 +108,7 @@ class GuardedEnv:
             kwargs["options"] = options
         result = await self.caller.call("reset", (), kwargs, self.timeout_s)
         messages, _ = check_reset(self.name, result, self.max_observation_chars)
+        self.thread_ids.clear()  # a new episode numbers its threads afresh
         return messages
 
     async def tool_schemas(self) -> list[dict[str, Any]]:
@@ -121,10 +127,28 @@ class GuardedEnv:
         return check_needed_facts(self.name, facts)
 
     async def step(self, action: str) -> StepResult:
-        """One step, checked: a real list, a finite reward, two bools, a dict."""
-        result = await self.caller.call("step", (action,), {}, self.timeout_s)
-        return check_step(self.name, result, self.max_observation_chars,
-                          _range(self.reward_range))
+        """One step, checked: a real list, a finite reward, two bools, a dict (and any
+        subagent calls it asks for, ``info["subagent_calls"]``)."""
+        return await self._step("step", MAIN_THREAD, (action,))
+
+    async def thread_step(self, thread_id: str, action: str) -> StepResult:
+        """One turn of a subagent thread (``agentrl.envs.subagents``), checked like a step;
+        its reward must be 0.0."""
+        return await self._step("thread_step", thread_id, (thread_id, action))
+
+    async def complete_step(self, thread_id: str, results: list[Any]) -> StepResult:
+        """Hand a waiting step its subagents' results; the step's result, checked."""
+        return await self._step("complete_step", thread_id, (thread_id, results))
+
+    async def _step(self, method: str, thread_id: str, args: tuple) -> StepResult:
+        async with self._steps:
+            result = await self.caller.call(method, args, {}, self.timeout_s)
+        reward_range = _range(self.reward_range) if thread_id == MAIN_THREAD else None
+        checked = check_step(self.name, result, self.max_observation_chars, reward_range,
+                             method)
+        check_subagent_step(self.name, checked, method, thread_id, self.thread_ids,
+                            self.max_observation_chars)
+        return checked
 
     async def close(self) -> None:
         """Close the instance (deferred to its thread while an abandoned call still runs)."""
@@ -138,10 +162,20 @@ def _range(value: Any) -> tuple[float, float] | None:
 
 
 def _raised(name: str, what: str, exc: BaseException, tb: str | None = None) -> EnvError:
-    return EnvError(f"{what}_raised",
+    return EnvError(_kind(what, "raised"),
                     f"env {name!r}: {_called(what)} raised {type(exc).__name__}: "
                     f"{brief(exception_message(exc))}",
                     tb or "".join(traceback.format_exception(exc)))
+
+
+STEP_METHODS = ("thread_step", "complete_step")
+"""The subagent protocol's methods (``agentrl.envs.subagents``): their failures count as
+``step_raised`` / ``step_timeout``, the message names the method."""
+
+
+def _kind(what: str, outcome: str) -> str:
+    """The invalid kind of a call's failure: ``<method>_raised`` or ``<method>_timeout``."""
+    return f"{'step' if what in STEP_METHODS else what}_{outcome}"
 
 
 def _called(what: str) -> str:
@@ -149,7 +183,7 @@ def _called(what: str) -> str:
 
 
 def _timeout(name: str, what: str, timeout_s: float, detail: str = "") -> EnvError:
-    return EnvError(f"{what}_timeout",
+    return EnvError(_kind(what, "timeout"),
                     f"env {name!r}: {_called(what)} timed out: no return within "
                     f"{timeout_s:g} s{detail}")
 
@@ -190,7 +224,7 @@ class ThreadCaller:
                 raise _timeout(self.name, "step", timeout_s) from None
             except Exception as exc:  # noqa: BLE001 - the environment's own failure
                 raise _raised(self.name, "step", exc) from None
-        inline = 0.0 if method == "step" else INLINE_WAIT_S
+        inline = 0.0 if method == "step" or method in STEP_METHODS else INLINE_WAIT_S
         return await self._on_thread(method, getattr(self.env, method), args, kwargs, timeout_s,
                                      inline)
 
@@ -347,12 +381,12 @@ class ProcessCaller:
         failure kinds name (default: ``method``)."""
         what = what or str(method)
         if self.process is None:
-            raise EnvError(f"{what}_raised", f"env {self.name!r}: its worker process is gone")
+            raise EnvError(_kind(what, "raised"), f"env {self.name!r}: its worker process is gone")
         try:
             self.conn.send((method, args, kwargs))
         except (OSError, ValueError) as exc:
             self.kill()
-            raise EnvError(f"{what}_raised", f"env {self.name!r}: cannot reach its worker "
+            raise EnvError(_kind(what, "raised"), f"env {self.name!r}: cannot reach its worker "
                            f"process ({exc})") from None
         return self._reply(what, await self._receive(what, timeout_s))
 
@@ -381,9 +415,9 @@ class ProcessCaller:
             return reply[1] if len(reply) > 1 else None
         if reply[0] == "raised":
             _, type_name, message, tb = reply
-            raise EnvError(f"{what}_raised", f"env {self.name!r}: {_called(what)} raised "
+            raise EnvError(_kind(what, "raised"), f"env {self.name!r}: {_called(what)} raised "
                            f"{type_name}: {brief(message)}", tb)
-        raise EnvError(f"{what}_raised", f"env {self.name!r}: unexpected reply {reply[0]!r}")
+        raise EnvError(_kind(what, "raised"), f"env {self.name!r}: unexpected reply {reply[0]!r}")
 
     async def _receive(self, what: str, timeout_s: float) -> tuple:
         loop = asyncio.get_running_loop()
@@ -410,7 +444,7 @@ class ProcessCaller:
                 self.process.join(timeout=1.0)  # the pipe closed: it is exiting; reap it
                 code = self.process.exitcode
             self.kill()
-            raise EnvError(f"{what}_raised", f"env {self.name!r}: its worker process died "
+            raise EnvError(_kind(what, "raised"), f"env {self.name!r}: its worker process died "
                            f"during {_called(what)} (exit code {code})") from None
 
 

@@ -39,6 +39,7 @@ from agentrl.rollout.env_contract import EnvError
 from agentrl.rollout.env_guard import GuardedEnv
 from agentrl.rollout.facts import FactTracker
 from agentrl.rollout.segment_builder import SegmentBuilder
+from agentrl.rollout.subagents import RolloutTree
 from agentrl.staleness import generation_versions
 from agentrl.types import Compaction, Rollout, RolloutStats, Segment
 
@@ -280,7 +281,9 @@ async def play_rollout(
     if not isinstance(env, GuardedEnv):
         env = GuardedEnv.wrap(spec.env, env, rollout.step_timeout_s,
                               rollout.max_observation_chars)
-    player = RolloutPlayer(spec, env, engine, tokenizer, rollout, compaction)
+    # the main thread plays a view of the environment that runs any subagent threads
+    tree = RolloutTree(spec, env, engine, tokenizer, rollout, compaction, RolloutPlayer)
+    player = RolloutPlayer(spec, tree.main_view(), engine, tokenizer, rollout, compaction)
     try:
         result = await asyncio.wait_for(player.play(), rollout.rollout_timeout_s)
     except TimeoutError:
@@ -288,4 +291,4 @@ async def play_rollout(
             "rollout_timeout", f"rollout timed out after {rollout.rollout_timeout_s}s"))
     if player.failure is not None and on_failure is not None:
         on_failure(spec, player.failure)
-    return result
+    return tree.attach(result)

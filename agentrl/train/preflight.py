@@ -120,6 +120,15 @@ class Preflight:
                               f"built: {type(exc).__name__}: {_one_line(exc)}; "
                               f"`agentrl check-env {env.id}` shows where") from None
 
+    def subagent_prompts(self, index: int) -> dict[str, int]:
+        """Environment ``index``'s subagents: tokens of each one's prompt before its task
+        (system and tool schemas; ``agentrl.envs.context_budget.subagent_prompt_tokens``)."""
+        from agentrl.envs.context_budget import subagent_prompt_tokens
+        from agentrl.rollout.compact_tool import offered_tools
+
+        return subagent_prompt_tokens(self.environment(index), self.tokenizer,
+                                      offered_tools(self.config.compaction.strategy, []))
+
     def first_prompt_tokens(self, index: int) -> int:
         """Tokens of environment ``index``'s longest first prompt (system, task and tool
         schemas through the chat template)."""
@@ -145,10 +154,23 @@ class Preflight:
                            for i, env in enumerate(self.config.environments))
         what = f"{prompt} for {name}'s first task"
         total = prompt + rollout.max_rollout_tokens
-        return RowBound(
-            total, f'with compaction.strategy = "none" a rollout is one row: prompt ({what}) '
+        main = RowBound(
+            total, f'with compaction.strategy = "none" a thread is one row: prompt ({what}) '
             f"+ rollout.max_rollout_tokens {rollout.max_rollout_tokens} = {total}, before "
             "observations", 'rollout.max_rollout_tokens (or turn compaction on)')
+        subagents = [(head, f"{env.display_name()}'s subagent {agent}")
+                     for i, env in enumerate(self.config.environments)
+                     for agent, head in self.subagent_prompts(i).items()]
+        if not subagents:
+            return main
+        head, who = max(subagents)
+        total = head + rollout.max_subagent_tokens
+        thread = RowBound(
+            total, f'with compaction.strategy = "none" a thread is one row: {who} starts '
+            f"from {head} tokens + rollout.max_subagent_tokens {rollout.max_subagent_tokens} "
+            f"= {total}, before its task text and observations",
+            "rollout.max_subagent_tokens (or turn compaction on)")
+        return max(main, thread, key=lambda bound: bound.tokens)
 
     def close(self) -> None:
         """Close the environments built so far."""
@@ -228,15 +250,20 @@ def check_context_budget(pf: Preflight) -> str:
 
 def check_compact_tool(pf: Preflight) -> str:
     """Under ``compaction.strategy = "tool"``, no environment has a tool of its own named
-    ``compact`` (the name the policy's compaction tool takes)."""
+    ``compact`` (the name the policy's compaction tool takes), in its main thread's tools
+    or among those its subagents are given (``AgentEnv.tools``)."""
     from agentrl.rollout.compact_tool import COMPACT_TOOL
 
     compaction = pf.config.compaction
     if compaction.strategy != "tool":
         return f"compaction: {compaction.strategy}"
+
+    def has_compact(built: Any) -> bool:
+        return COMPACT_TOOL in (getattr(built, "tools", None) or {}) or any(
+            (s.get("function") or {}).get("name") == COMPACT_TOOL for s in built.tool_schemas())
+
     clashes = [env.display_name() for i, env in enumerate(pf.config.environments)
-               if any((s.get("function") or {}).get("name") == COMPACT_TOOL
-                      for s in pf.environment(i).tool_schemas())]
+               if has_compact(pf.environment(i))]
     if clashes:
         raise ConfigError(f'compaction.strategy = "tool" offers the policy a tool named '
                           f'"{COMPACT_TOOL}", and environment(s) {", ".join(clashes)} have '
@@ -245,8 +272,43 @@ def check_compact_tool(pf: Preflight) -> str:
             f"({compaction.max_context_tokens} tokens) forces {compaction.fallback}")
 
 
+def check_threads(pf: Preflight) -> str:
+    """Rollout trees: which environments declare subagents, the limits, the tokens a
+    rollout can generate across its threads; each subagent's prompt before its task fits
+    ``compaction.max_context_tokens``."""
+    rollout, compaction = pf.config.rollout, pf.config.compaction
+    declared = {env.display_name(): pf.subagent_prompts(i)
+                for i, env in enumerate(pf.config.environments)}
+    declared = {name: heads for name, heads in declared.items() if heads}
+    if not declared:
+        return "threads: one per rollout (no environment declares a @subagent)"
+    if compaction.strategy != "none":
+        for env, heads in declared.items():
+            for agent, head in heads.items():
+                if head >= compaction.max_context_tokens:
+                    raise ConfigError(
+                        f"environment {env!r}: subagent {agent} starts from {head} tokens "
+                        "(system prompt and tool schemas) before its task, not under "
+                        f"compaction.max_context_tokens = {compaction.max_context_tokens}; "
+                        "raise compaction.max_context_tokens or shorten its system prompt "
+                        "and tools")
+    total = rollout.max_rollout_tokens + (rollout.max_subagents_per_rollout
+                                          * rollout.max_subagent_tokens)
+    where = "; ".join(f"{env}: " + ", ".join(f"{agent} ({head} tokens before its task)"
+                                             for agent, head in heads.items())
+                      for env, heads in declared.items())
+    return (f"threads: subagents in {where}; a rollout starts at most "
+            f"rollout.max_subagents_per_rollout = {rollout.max_subagents_per_rollout} of them, "
+            f"nested at most rollout.max_subagent_depth = {rollout.max_subagent_depth} deep, "
+            f"and generates at most rollout.max_rollout_tokens {rollout.max_rollout_tokens} "
+            f"+ {rollout.max_subagents_per_rollout} x rollout.max_subagent_tokens "
+            f"{rollout.max_subagent_tokens} = {total} tokens across its threads; the longest "
+            f"thread's row: {pf.longest_row.tokens} tokens")
+
+
 CHECKS: list[Check] = [check_environments, check_model, check_positions,
-                       check_micro_batch_budget, check_context_budget, check_compact_tool]
+                       check_micro_batch_budget, check_context_budget, check_compact_tool,
+                       check_threads]
 """The plan-time checks, in order."""
 
 

@@ -82,6 +82,7 @@
     line.append(badge("reward " + r.reward), badge("adv " + advantages(r)),
       badge(plural(r.num_rows, "row")), badge(plural(r.num_turns, "turn")));
     if (r.num_compactions) line.append(badge(r.num_compactions + " compacted", "compaction"));
+    if ((r.threads || []).length) line.append(badge(plural(r.threads.length, "subagent"), "thread"));
     if (!r.valid) line.append(badge("invalid", "invalid"));
     if (r.truncated) line.append(badge("truncated", "truncated"));
     item.append(line);
@@ -138,7 +139,8 @@
 
   function rowView(row) {
     const section = el("section", "row" + (row.valid === false ? " invalid" : ""));
-    let title = "row " + row.index + " · advantage " + signed(row.advantage) + " · " +
+    const where = row.thread && row.thread !== "main" ? " · thread " + row.thread : "";
+    let title = "row " + row.index + where + " · advantage " + signed(row.advantage) + " · " +
       row.num_tokens + " tokens (" + row.num_prompt_tokens + " prompt, " +
       row.num_generated_tokens + " generated)";
     if (row.valid === false) title += " · invalid";
@@ -150,18 +152,49 @@
     return section;
   }
 
+  // The main thread, then depth first each subagent thread after its caller, indented.
+  function threadBlocks(r) {
+    const children = {};
+    for (const t of r.threads || []) (children[t.parent || "main"] ||= []).push(t);
+    const blocks = [];
+    const visit = (id, depth, node) => {
+      blocks.push({ depth, node, rows: r.rows.filter((row) => (row.thread || "main") === id) });
+      for (const child of children[id] || []) visit(child.thread_id, depth + 1, child);
+    };
+    visit("main", 0, null);
+    return blocks;
+  }
+
+  function threadView(block) {
+    const box = el("div", block.node ? "thread subagent" : "thread");
+    box.style.marginLeft = (block.depth * 24) + "px";
+    const node = block.node;
+    if (node) {
+      box.append(el("div", "thread-call",
+        "thread " + node.thread_id + " ← " + (node.parent || "main") + " called " + node.origin));
+    }
+    block.rows.forEach((row, number) => {
+      if (number > 0) {
+        box.append(el("div", "compaction-marker", row.compaction ||
+          ("compaction " + number + ": row " + row.index + " starts from a compacted context")));
+      }
+      box.append(rowView(row));
+    });
+    if (node) {
+      box.append(node.answer !== undefined && node.answer !== null
+        ? el("div", "thread-answer", "↳ returned to " + (node.parent || "main") + ": " + node.answer)
+        : el("div", "thread-answer failed", "↳ no answer for " + (node.parent || "main") + " (" +
+          node.error_kind + "): " + node.error));
+    }
+    return box;
+  }
+
   function rolloutView(r) {
     const box = el("div", "rollout");
     box.dataset.key = keyOf(r);
     box.append(el("h3", "", r.env + " · " + r.rollout_id + " · step " + r.step + " · " + r.selection));
     box.append(summary(r));
-    for (const row of r.rows) {
-      if (row.index > 0) {
-        box.append(el("div", "compaction-marker", row.compaction ||
-          ("compaction " + row.index + ": row " + row.index + " starts from a compacted context")));
-      }
-      box.append(rowView(row));
-    }
+    for (const block of threadBlocks(r)) box.append(threadView(block));
     return box;
   }
 

@@ -9,6 +9,10 @@ messages by :mod:`agentrl.transcripts.chat_text`.
 
 Policy versions come from each segment's ``version_runs`` (``agentrl.staleness``): per
 generated span, per row and per rollout.
+
+A rollout with subagents is a tree of threads (``Rollout.threads``): each row names its
+thread, the record keeps the tree, and :func:`thread_blocks` orders the threads for
+drawing (each subagent after its caller's rows, indented one level deeper).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from agentrl.transcripts.chat_text import (
     is_summary_request,
     split_messages,
 )
-from agentrl.types import Compaction, Rollout, Segment
+from agentrl.types import MAIN_THREAD, Compaction, Rollout, Segment, Thread
 
 
 class Span(msgspec.Struct, omit_defaults=True):
@@ -45,7 +49,8 @@ class RowRecord(msgspec.Struct, omit_defaults=True):
     """One row (segment) of a rollout as trained, with its advantage."""
 
     index: int
-    """0 for the first row; a row > 0 starts from a compacted context."""
+    """The row's place in the rollout (segment index); within a thread, a row after the
+    thread's first starts from a compacted context."""
     advantage: float
     """The advantage the trainer put on every generated token of this row."""
     num_tokens: int
@@ -57,6 +62,8 @@ class RowRecord(msgspec.Struct, omit_defaults=True):
     compaction: str | None = None
     """For a row > 0: the compaction it starts from, in words (cause, summary length,
     needed facts kept and lost)."""
+    thread: str = MAIN_THREAD
+    """The thread (conversation) this row belongs to."""
 
 
 class RolloutRecord(msgspec.Struct, omit_defaults=True):
@@ -84,6 +91,35 @@ class RolloutRecord(msgspec.Struct, omit_defaults=True):
     rows: list[RowRecord] = []
     needed_facts: list[str] = []
     """What the task's answer needs (``AgentEnv.needed_facts``), when declared."""
+    threads: list[Thread] = []
+    """The subagent threads (the tree), as in ``Rollout.threads``."""
+
+
+class ThreadBlock(msgspec.Struct):
+    """One thread of a record as drawn: its node (None for the main thread), its depth
+    and its rows."""
+
+    thread_id: str
+    depth: int
+    node: Thread | None
+    rows: list[RowRecord]
+
+
+def thread_blocks(record: RolloutRecord) -> list[ThreadBlock]:
+    """The main thread, then depth first each subagent after its caller, in id order."""
+    children: dict[str, list[Thread]] = {}
+    for node in record.threads:
+        children.setdefault(node.parent, []).append(node)
+    blocks: list[ThreadBlock] = []
+
+    def visit(thread_id: str, depth: int, node: Thread | None) -> None:
+        rows = [r for r in record.rows if r.thread == thread_id]
+        blocks.append(ThreadBlock(thread_id, depth, node, rows))
+        for child in children.get(thread_id, []):
+            visit(child.thread_id, depth + 1, child)
+
+    visit(MAIN_THREAD, 0, None)
+    return blocks
 
 
 def build_record(
@@ -110,6 +146,7 @@ def build_record(
         tool_errors=dict(stats.tool_errors), reward_components=dict(rollout.reward_components),
         policy_versions=sorted({v for r in rows for v in r.policy_versions}), rows=rows,
         needed_facts=list(stats.needed_facts),
+        threads=list(rollout.threads),
     )
 
 
@@ -172,7 +209,7 @@ def _row_record(index: int, segment: Segment, advantage: float, tokenizer: Any) 
         index=index, advantage=float(advantage), num_tokens=len(segment.token_ids),
         num_prompt_tokens=segment.num_prompt_tokens,
         num_generated_tokens=segment.num_generated_tokens, valid=segment.valid, spans=spans,
-        policy_versions=policy_versions(segment),
+        policy_versions=policy_versions(segment), thread=segment.thread,
     )
 
 

@@ -1,4 +1,6 @@
-"""Transcripts in the terminal: turn by turn, rows and advantages, compaction marked.
+"""Transcripts in the terminal: turn by turn, rows and advantages, compaction marked, and
+with subagents the tree: each subagent thread after its caller's rows, indented, from the
+call that started it to the answer it returned.
 
 Model and environment text goes into ``rich.text.Text`` objects, never into markup, so
 text such as ``[bold]`` or ``<script>`` prints as written.
@@ -9,7 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from agentrl.transcripts.chat_text import ChatMessage
-from agentrl.transcripts.record import RolloutRecord, RowRecord, Span
+from agentrl.transcripts.record import (
+    RolloutRecord,
+    RowRecord,
+    Span,
+    ThreadBlock,
+    thread_blocks,
+)
+from agentrl.types import MAIN_THREAD, Thread
 
 ROLE_STYLES = {"system": "dim", "user": "green", "assistant": "bold", "tool": "cyan",
                "text": ""}
@@ -26,16 +35,42 @@ def render_records(records: list[RolloutRecord], console: Any, full: bool = Fals
     for record in records:  # titles as Text: names are shown as written, never as markup
         console.print(Rule(Text(_title(record)), style="bold blue"))
         console.print(summary_line(record))
-        for row in record.rows:
-            if row.index > 0:
-                note = row.compaction or (
-                    f"compaction {row.index}: row {row.index} starts from a compacted context")
-                console.print(Rule(Text(note), style="magenta", characters="═"))
-            console.print(Rule(Text(row_title(row)), style="blue", align="left"))
-            for span in row.spans:
-                for message in span.messages:
-                    console.print(_message_text(message, span, full))
+        for block in thread_blocks(record):
+            _render_thread(block, console, full)
         console.print()
+
+
+def _render_thread(block: ThreadBlock, console: Any, full: bool) -> None:
+    """One thread: the call that started it, its rows (compactions marked), its answer."""
+    from rich.padding import Padding
+    from rich.rule import Rule
+    from rich.text import Text
+
+    def say(renderable: Any) -> None:
+        console.print(Padding(renderable, (0, 0, 0, 4 * block.depth)))
+
+    node = block.node
+    if node is not None:
+        say(Rule(Text(f"thread {node.thread_id} ← {node.parent} called {node.origin}"),
+                 style="bold cyan", align="left", characters="┄"))
+    for number, row in enumerate(block.rows):
+        if number > 0:
+            note = row.compaction or (f"compaction {number}: row {row.index} starts from a "
+                                      "compacted context")
+            say(Rule(Text(note), style="magenta", characters="═"))
+        say(Rule(Text(row_title(row)), style="blue", align="left"))
+        for span in row.spans:
+            for message in span.messages:
+                say(_message_text(message, span, full))
+    if node is not None:
+        say(Text(thread_outcome(node), style="cyan" if node.answer is not None else "red"))
+
+
+def thread_outcome(node: Thread) -> str:
+    """"↳ returned to main: 3428", or why the thread gave no answer."""
+    if node.answer is not None:
+        return f"↳ returned to {node.parent}: {node.answer}"
+    return f"↳ no answer for {node.parent} ({node.error_kind}): {node.error}"
 
 
 def _title(record: RolloutRecord) -> str:
@@ -53,6 +88,9 @@ def summary_line(record: RolloutRecord) -> Any:
     else:
         text.append(f" · INVALID ({record.invalid_reason or 'no reason given'}) → masked",
                     style="bold red")
+    if record.threads:
+        ran = len({row.thread for row in record.rows} - {MAIN_THREAD})
+        text.append(f" · {_count(ran + 1, 'thread')} (main + {ran} subagent)")
     text.append(f" · {_count(record.num_turns, 'turn')} · "
                 f"{_count(record.num_compactions, 'compaction')} · "
                 f"{_count(record.num_rows, 'row')} · {record.num_tokens} tokens "
@@ -77,7 +115,8 @@ def _count(n: int, word: str) -> str:
 
 def row_title(row: RowRecord) -> str:
     """"row 1 · advantage +0.5 · 90 tokens (60 prompt, 12 generated)" and versions."""
-    title = (f"row {row.index} · advantage {row.advantage:+.3g} · {row.num_tokens} tokens "
+    where = "" if row.thread == MAIN_THREAD else f" · thread {row.thread}"
+    title = (f"row {row.index}{where} · advantage {row.advantage:+.3g} · {row.num_tokens} tokens "
              f"({row.num_prompt_tokens} prompt, {row.num_generated_tokens} generated)")
     if not row.valid:
         title += " · invalid"

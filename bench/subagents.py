@@ -1,0 +1,145 @@
+"""DocQA with and without subagents: the same warm start trained side by side.
+
+    python -m bench.subagents [--warm-start DIR] [--steps N] [--eval-every K]
+                              [--out DIR] [--curve PNG]
+
+DocQA (``agentrl/DocQA-v0``) asks for a person's code, written on one page of two
+documents that are each longer than the context window. With subagents
+(``configs/docqa.toml``) the main thread delegates each document to a reader with a
+context of its own; without (``environments.0.kwargs = {delegate = false}``) it pages
+through the documents itself, under the same ``rollout.max_turns``, token budgets and
+context window. Steps:
+
+1. the warm start, unless ``--warm-start DIR`` names one: ``agentrl sft
+   configs/docqa_warmstart.toml`` (demonstrations of both variants, one tiny model);
+2. ``agentrl train configs/docqa.toml`` from it, validating on 64 held-out tasks every
+   ``--eval-every`` steps (greedy), then the same run without subagents;
+3. the held-out accuracy of both runs per validation, the gain of each over its start,
+   the wall time of each run, the machine's load (``os.getloadavg``) before and after,
+   and the curve (``--curve``, default ``DIR/curve.png``).
+
+Every torch op runs single-threaded (on a small shared machine threads only fight).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.cli import main
+from agentrl.observe.writers import read_metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+WARM_START = ["--num-steps", "150", "--rows-per-step", "16", "--num-demonstrations", "400",
+              "--hidden-size", "64"]
+"""The warm start's settings (the command in configs/docqa_warmstart.toml)."""
+VARIANTS = {
+    "subagents": [],
+    "alone": ["environments.0.kwargs={delegate=false}"],
+}
+"""Each run's overrides of configs/docqa.toml (the environment keeps its name, docqa)."""
+
+
+def load() -> str:
+    """The 1, 5 and 15 minute load averages, as text."""
+    return " / ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def warm_start(out: Path) -> Path:
+    """Run ``agentrl sft`` on both variants' demonstrations; the model folder."""
+    folder = out / "sft"
+    start = time.perf_counter()
+    assert main(["sft", str(ROOT / "configs/docqa_warmstart.toml"), "--out", str(folder),
+                 *WARM_START]) == 0
+    print(f"warm start: {time.perf_counter() - start:.0f} s (load {load()})", flush=True)
+    return folder
+
+
+def train(name: str, model: Path, out: Path, steps: int, eval_every: int) -> dict[str, Any]:
+    """One training run; its validations and wall time."""
+    run_dir = out / name
+    overrides = [f'model.path="{model}"', f"train.num_steps={steps}",
+                 f"train.eval_every={eval_every}", *VARIANTS[name]]
+    before = load()
+    start = time.perf_counter()
+    argv = ["train", str(ROOT / "configs/docqa.toml"), "--out", str(run_dir)]
+    assert main(argv + [a for o in overrides for a in ("--set", o)]) == 0
+    wall = time.perf_counter() - start
+    metrics = read_metrics(run_dir)
+    evals = [(m["step"], m["eval/docqa/accuracy"]) for m in metrics
+             if "eval/docqa/accuracy" in m]
+    trained = [m for m in metrics if "num_rollouts" in m]
+    return {"name": name, "wall_s": wall, "evals": evals, "load": (before, load()),
+            "active_s": trained[-1]["cumulative/active_s"],
+            "tokens": trained[-1]["cumulative/tokens"],
+            "share": sum(m.get("subagents/generated_token_share", 0.0) for m in trained)
+            / len(trained)}
+
+
+def report(runs: list[dict[str, Any]]) -> None:
+    """Accuracy per validation, gains, times and loads, one block per run."""
+    for run in runs:
+        steps = " ".join(f"{s:>5}" for s, _ in run["evals"])
+        values = " ".join(f"{a:5.3f}" for _, a in run["evals"])
+        gain = run["evals"][-1][1] - run["evals"][0][1]
+        print(f"\n{run['name']}: held-out accuracy (greedy, 64 tasks)\n  step     {steps}\n"
+              f"  accuracy {values}\n  gain {gain:+.3f}; wall {run['wall_s']:.0f} s "
+              f"(active {run['active_s']:.0f} s); {run['tokens']} generated tokens, "
+              f"{run['share']:.0%} of them by subagents; load before {run['load'][0]}, "
+              f"after {run['load'][1]}")
+
+
+def plot(runs: list[dict[str, Any]], path: Path) -> None:
+    """Held-out accuracy against steps, both runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    labels = {"subagents": "with subagents (delegate each document)",
+              "alone": "without (main thread reads every page)"}
+    for run in runs:
+        steps, accuracy = zip(*run["evals"], strict=True)
+        ax.plot(steps, accuracy, marker="o", label=labels[run["name"]])
+    ax.set_xlabel("training step (32 rollouts each)")
+    ax.set_ylabel("held-out accuracy (greedy)")
+    ax.set_ylim(0, 1)
+    ax.set_title("DocQA: two documents, each longer than the context")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    print(f"\ncurve: {path}")
+
+
+def main_bench() -> None:
+    """Parse the arguments, run the warm start and both trainings, report."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--warm-start", type=Path, default=None,
+                        help="a model folder made by the warm start (default: make one)")
+    parser.add_argument("--steps", type=int, default=20, help="training steps per run")
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/agentrl-bench-subagents"))
+    parser.add_argument("--curve", type=Path, default=None)
+    parser.add_argument("--only", choices=sorted(VARIANTS), default=None,
+                        help="run one variant only")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    print(f"load at start: {load()} ({os.cpu_count()} cores)", flush=True)
+    model = args.warm_start or warm_start(args.out)
+    names = [args.only] if args.only else list(VARIANTS)
+    runs = [train(name, model, args.out, args.steps, args.eval_every) for name in names]
+    report(runs)
+    plot(runs, args.curve or args.out / "curve.png")
+
+
+if __name__ == "__main__":
+    main_bench()
