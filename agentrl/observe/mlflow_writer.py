@@ -8,7 +8,8 @@ rollout sample is the table artifact ``rollouts/step_NNNNNN.json``. With no
 ``tracking_uri`` (and no ``MLFLOW_TRACKING_URI``) the store is ``RUN_DIR/mlflow.db``, a
 local SQLite file: no server, no network (``mlflow ui --backend-store-uri
 sqlite:///RUN_DIR/mlflow.db`` shows it). The run's id is kept in ``RUN_DIR/mlflow_run_id``,
-so ``--resume`` continues the same MLflow run.
+so ``--resume`` continues the same MLflow run (a step a killed run logged after its last
+checkpoint is logged again when redone: MLflow then holds both values of that step).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class MlflowWriter:
         id_file = run_dir / RUN_ID_FILE
         if resume and id_file.is_file():
             self.run_id = id_file.read_text().strip()
+            self.client.update_run(self.run_id, status="RUNNING")
             return
         experiment = self.client.get_experiment_by_name(settings.experiment)
         experiment_id = experiment.experiment_id if experiment is not None else \

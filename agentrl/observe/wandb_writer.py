@@ -6,7 +6,8 @@ are not finite, null in the JSONL file, are left out); the resolved config is th
 config; each rollout sample is a table ``rollouts`` at its step. ``mode = "offline"`` (or
 ``WANDB_MODE=offline``) writes ``RUN_DIR/wandb/`` and needs no network; ``wandb sync``
 uploads it later. The run's id is kept in ``RUN_DIR/wandb_run_id``, so ``--resume``
-continues the same W&B run.
+continues the same W&B run (offline: a second ``offline-run-*`` folder with the same id,
+which ``wandb sync`` adds to the run).
 """
 
 from __future__ import annotations

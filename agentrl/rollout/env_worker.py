@@ -11,9 +11,8 @@ environment with the pickled factory and answers ``("ok", attributes)``; then fo
 environment first) it answers ``("ok", value)`` or
 ``("raised", type_name, message, traceback, kind)`` (``kind``: the exception's ``kind``
 attribute, the named reason of a served environment's failure, else None); ``close`` is
-the last request. Workers are
-forked from a ``forkserver`` (a clean interpreter, never a fork of the multi-threaded
-trainer) and die with it, and so with the trainer.
+the last request. Workers are forked from a ``forkserver`` (a clean interpreter, never a
+fork of the multi-threaded trainer) and die with it, and so with the trainer.
 """
 
 from __future__ import annotations

@@ -43,6 +43,8 @@ def test_which_field_the_text_goes_into():
     assert ActionMapping(MOVE, field="dx").action("3") == {"dx": "3"}  # action_field
     with pytest.raises(ValueError, match="action_field 'nope' is not a field"):
         ActionMapping(MOVE, field="nope")
+    with pytest.raises(ValueError, match="MCP tool environment"):
+        ActionMapping({"properties": METADATA})  # OpenEnv's bare Action
 
 
 @given(st.text())

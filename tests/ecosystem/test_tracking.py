@@ -1,7 +1,8 @@
 """``log.wandb`` and ``log.mlflow``: an offline W&B run and a local MLflow store hold the
 figures of ``metrics.jsonl`` at the same steps (per environment included), the run
 config and the rollout samples as tables; read back with W&B's own reader (``wandb leet
-inspect``) and MLflow's client. A missing package is one line naming the install."""
+inspect``) and MLflow's client. A missing package is refused by ``plan`` (the one-line error itself:
+tests/env/test_optional_extras.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from mlflow.tracking import MlflowClient
 
 from agentrl.cli import main
 from agentrl.config import MlflowConfig, WandbConfig
-from agentrl.config.extras import MissingExtra
 from agentrl.observe.mlflow_writer import metric_key
 from agentrl.observe.writers import read_metrics
 from agentrl.transcripts.store import read_step
@@ -55,11 +55,16 @@ def figures(run_dir: Path) -> dict[int, dict[str, float]]:
                         and isinstance(v, int | float)} for m in read_metrics(run_dir)}
 
 
-def wandb_records(run_dir: Path) -> list[dict]:
+def wandb_records_of(folder: Path) -> list[dict]:
+    """A W&B run folder's records, read by W&B's own reader."""
     out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json",
-                          str(run_dir / "wandb" / "latest-run")], capture_output=True,
-                         text=True, check=True, timeout=60).stdout
+                          str(folder)], capture_output=True, text=True, check=True,
+                         timeout=300).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def wandb_records(run_dir: Path) -> list[dict]:
+    return wandb_records_of(run_dir / "wandb" / "latest-run")
 
 
 def test_wandb_holds_the_figures_the_config_and_the_samples(run_dir):
@@ -105,19 +110,6 @@ def test_mlflow_holds_the_figures_the_config_and_the_samples(run_dir):
     assert [row[1] for row in table["data"]] == [r.env for r in read_step(run_dir, 2)]
 
 
-def test_a_missing_tracker_package_is_one_line(monkeypatch, tmp_path):
-    from agentrl.observe.mlflow_writer import MlflowWriter
-    from agentrl.observe.wandb_writer import WandbWriter
-
-    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
-    with pytest.raises(MissingExtra, match=r"^log.wandb needs the wandb package, which is "
-                                           r"not installed: pip install 'agentrl\[wandb\]'$"):
-        WandbWriter(WandbConfig(project="p"), tmp_path, {})
-    monkeypatch.setitem(sys.modules, "mlflow.tracking", None)
-    with pytest.raises(MissingExtra, match=r"pip install 'agentrl\[mlflow\]'$"):
-        MlflowWriter(MlflowConfig(), tmp_path, {})
-
-
 def test_plan_refuses_a_tracker_that_is_not_installed(monkeypatch, tmp_path, capsys):
     import importlib.util
 
@@ -128,3 +120,29 @@ def test_plan_refuses_a_tracker_that_is_not_installed(monkeypatch, tmp_path, cap
     assert main(["plan", str(tmp_path / "c.toml")]) == 2
     assert ("log.wandb needs the wandb package, which is not installed: pip install "
             "'agentrl[wandb]'") in capsys.readouterr().err
+
+
+def test_a_resumed_run_logs_to_the_same_runs(tmp_path):
+    from agentrl.observe.mlflow_writer import MlflowWriter
+    from agentrl.observe.wandb_writer import WandbWriter
+
+    settings = (WandbConfig(project="p", mode="offline"), MlflowConfig())
+    for resume, steps in ((False, [1, 2]), (True, [3])):
+        writers = [WandbWriter(settings[0], tmp_path, {"a": 1}, resume),
+                   MlflowWriter(settings[1], tmp_path, {"a": 1}, resume)]
+        for step in steps:
+            for writer in writers:
+                writer.write({"step": step, "reward/mean": step / 10})
+        for writer in writers:
+            writer.close()
+    folders = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    run_id = (tmp_path / "wandb_run_id").read_text().strip()
+    assert len(folders) == 2 and all(f.name.endswith(run_id) for f in folders)
+    logged = [[r["history"]["step"]["num"] for r in wandb_records_of(f) if r["type"] == "history"]
+              for f in folders]
+    assert logged == [[1, 2], [3]]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path.resolve()}/mlflow.db")
+    mlflow_id = (tmp_path / "mlflow_run_id").read_text().strip()
+    history = client.get_metric_history(mlflow_id, "reward/mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert client.get_run(mlflow_id).info.status == "FINISHED"

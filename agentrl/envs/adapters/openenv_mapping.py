@@ -88,6 +88,10 @@ class ActionMapping:
                              f"its fields: {', '.join(fields) or '(none)'}")
         if custom is None and field is None:
             self.field = text_field(schema)
+            if self.field is None and not fields:
+                raise ValueError("the server's action has no fields of its own (an MCP tool "
+                                 "environment, whose actions are list_tools / call_tool, is "
+                                 "not supported); give action_map to build its actions")
 
     @property
     def mode(self) -> str:
