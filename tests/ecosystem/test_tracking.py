@@ -1,8 +1,8 @@
 """``log.wandb`` and ``log.mlflow``: an offline W&B run and a local MLflow store hold the
 figures of ``metrics.jsonl`` at the same steps (per environment included), the run
 config and the rollout samples as tables; read back with W&B's own reader (``wandb leet
-inspect``) and MLflow's client. A missing package is refused by ``plan`` (the one-line error itself:
-tests/env/test_optional_extras.py)."""
+inspect``) and MLflow's client. ``plan`` refuses a tracker whose package is missing (the
+one-line error itself: tests/env/test_optional_extras.py)."""
 
 from __future__ import annotations
 
