@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments: the environment, episodes, actions file, seed, kwargs, limits."""
     from agentrl.config import RolloutConfig
 
-    parser.add_argument("env", help="registered id (agentrl/Countdown-v0) or module:Class")
+    parser.add_argument("env", help="registered id (agentrl/Countdown-v0), module:Class, or the "
+                                    "URL of an OpenEnv server (http://host:port)")
     parser.add_argument("--episodes", type=int, default=1, help="scripted rollouts to run")
     parser.add_argument("--actions", help="file of actions: JSON list, or text split by ---")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first episode")
@@ -62,13 +63,13 @@ def run(args: argparse.Namespace) -> int:
     """Run the checks; exit status 1 when one fails, 2 when the environment is unknown."""
     from agentrl.envs.registry import make, resolve
 
-    kwargs = _json_kwargs(args.kwargs)
+    args.env_id, args.env_kwargs = environment_of(args.env, json_kwargs(args.kwargs))
     try:
-        resolve(args.env)
+        resolve(args.env_id)
     except ValueError as exc:
         print(f"error: {exc}")
         return 2
-    factory = functools.partial(make, args.env, **kwargs)
+    factory = functools.partial(make, args.env_id, **args.env_kwargs)
     return asyncio.run(_check(args, factory))
 
 
@@ -101,9 +102,10 @@ async def _check_open(args: argparse.Namespace, env: Any) -> int:
     from agentrl.rollout.env_contract import EnvError
 
     print("tools offered:")
+    await env.reset(args.seed)  # an environment served elsewhere declares its tools at reset
     schemas = await env.tool_schemas()
     print(json.dumps(schemas, indent=2) if schemas else "  (none)")
-    if not await _print_context_budget(args, _json_kwargs(args.kwargs), env):
+    if not await _print_context_budget(args, args.env_kwargs, env):
         return 1
     actions = _load_actions(args.actions) if args.actions else None
     print(await env.caller.call(_policy_line, (actions,), {}, args.timeout, what="step"))
@@ -310,8 +312,8 @@ async def _print_context_budget(args: argparse.Namespace, kwargs: dict, env: Any
     if args.config:
         config = load_config(args.config)
     else:
-        config = config_from_dict({"environments": [{"id": args.env, "kwargs": kwargs}]})
-    env_config = EnvironmentConfig(id=args.env, kwargs=kwargs)
+        config = config_from_dict({"environments": [{"id": args.env_id, "kwargs": kwargs}]})
+    env_config = EnvironmentConfig(id=args.env_id, kwargs=kwargs)
     config = msgspec.structs.replace(config, environments=[env_config])
     preflight = Preflight(config)
     try:
@@ -365,7 +367,16 @@ def _load_actions(path: str) -> list[str]:
     return actions
 
 
-def _json_kwargs(text: str) -> dict:
+def environment_of(env: str, kwargs: dict) -> tuple[str, dict]:
+    """The id and kwargs to build: an OpenEnv server's URL is ``agentrl/OpenEnv-v0``."""
+    if env.startswith(("http://", "https://", "ws://", "wss://")):
+        from agentrl.envs.registry import OPENENV_ID
+
+        return OPENENV_ID, {**kwargs, "url": env}
+    return env, kwargs
+
+
+def json_kwargs(text: str) -> dict:
     from agentrl.config import ConfigError
 
     try:

@@ -26,12 +26,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="TOML config file (model.path, rollout.*)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override one setting (repeatable)")
+    add_address_arguments(parser)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads of the built-in engine (0: torch's default)")
+
+
+def add_address_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--host`` and ``--port`` of a server command."""
     parser.add_argument("--host", default="0.0.0.0",
                         help="address to listen on (default: all interfaces)")
     parser.add_argument("--port", type=int, default=8000,
                         help="TCP port (default 8000; 0 picks a free one and prints it)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads of the built-in engine (0: torch's default)")
 
 
 def run(args: argparse.Namespace) -> int:

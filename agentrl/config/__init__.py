@@ -15,16 +15,18 @@ from agentrl.config.settings import (
     EnvironmentConfig,
     LogConfig,
     LossConfig,
+    MlflowConfig,
     ModelConfig,
     OptimConfig,
     RolloutConfig,
     TrainConfig,
+    WandbConfig,
     num_local_engines,
 )
 
 __all__ = [
     "SEQUENCE_LEVEL_AGGREGATIONS", "AdvantageConfig", "BatchConfig", "CompactionConfig",
-    "Config", "ConfigError", "EnvironmentConfig", "LogConfig", "LossConfig", "ModelConfig",
-    "OptimConfig", "RolloutConfig", "TrainConfig", "config_from_dict", "load_config",
-    "num_local_engines",
+    "Config", "ConfigError", "EnvironmentConfig", "LogConfig", "LossConfig", "MlflowConfig",
+    "ModelConfig", "OptimConfig", "RolloutConfig", "TrainConfig", "WandbConfig",
+    "config_from_dict", "load_config", "num_local_engines",
 ]

@@ -356,6 +356,33 @@ class TrainConfig(_Section):
     rank has nothing to communicate and always takes "micro_batch"."""
 
 
+class WandbConfig(_Section):
+    project: str
+    """The Weights & Biases project the run is logged to."""
+    entity: str = ""
+    """Team or user owning the project; "" the account's default."""
+    name: str = ""
+    """Run name; "" the run folder's name."""
+    group: str = ""
+    """Group of runs it belongs to (e.g. a sweep); "" none."""
+    tags: list[str] = []
+    """Tags of the run."""
+    mode: Literal["", "online", "offline", "disabled"] = ""
+    """"offline" writes RUN_DIR/wandb/ only (upload later with `wandb sync`), "online" also
+    streams it to the server; "" follows WANDB_MODE (online when unset)."""
+
+
+class MlflowConfig(_Section):
+    tracking_uri: str = ""
+    """Where runs are stored: a server ("http://host:5000") or a database
+    ("sqlite:///path/mlflow.db"); "" follows MLFLOW_TRACKING_URI, else
+    sqlite:///RUN_DIR/mlflow.db (a local store, no server)."""
+    experiment: str = "agentrl"
+    """Experiment the run is logged under (created when missing)."""
+    run_name: str = ""
+    """Run name; "" the run folder's name."""
+
+
 class LogConfig(_Section):
     live: bool = True
     """Live terminal display during training."""
@@ -367,6 +394,12 @@ class LogConfig(_Section):
     rollouts_random_per_env: NonNegativeInt = 2
     """Rollouts per environment drawn at random (seeded by train.seed and the step) for
     each sample, besides the best and the worst; >= 0."""
+    wandb: WandbConfig | None = None
+    """Also log to Weights & Biases (extra `wandb`): every figure of metrics.jsonl at its
+    step, the run config, and each rollout sample as a table. None: off."""
+    mlflow: MlflowConfig | None = None
+    """Also log to MLflow (extra `mlflow`): the same figures, the config (as parameters and
+    config.json) and the rollout samples as tables. None: off."""
 
 
 class Config(_Section):

@@ -244,13 +244,8 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
 
     def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         """Run the tool calls in the text, or grade it as the final answer."""
-        if self._done or self.task is None:
-            raise ValueError("step() called on a finished or unstarted episode; call reset()")
-        if MAIN_THREAD in self.threads.pending:
-            raise ValueError("step() called while the last step waits for its subagents; "
-                             "call complete_step('main', results) first")
-        calls = self._read_turn(self.history, action)
-        self._turn += 1
+        self.begin_step(action, started=self.task is not None)
+        calls = self.parser.parse(action)
         info: dict[str, Any] = {"tool_errors": {}, "reward_components": {},
                                 "num_tool_calls": len(calls)}
         if not calls:
@@ -301,6 +296,19 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         if state is None:
             raise ValueError(f"no subagent thread {thread_id!r} in this episode")
         return state.history
+
+    def begin_step(self, action: Any, started: bool) -> None:
+        """Refuse a step outside an episode or a non-text action; count the turn and
+        record the action (the start of every ``step``, also of an override)."""
+        if self._done or not started:
+            raise ValueError("step() called on a finished or unstarted episode; call reset()")
+        if MAIN_THREAD in self.threads.pending:
+            raise ValueError("step() called while the last step waits for its subagents; "
+                             "call complete_step('main', results) first")
+        if not isinstance(action, str):
+            raise ValueError(f"action must be the model's text (str), got {type(action)}")
+        self._turn += 1
+        self.history.append(Message("assistant", action))
 
     async def astep(self, action: str) -> tuple[list[Message], float, bool, bool, dict]:
         """``step`` in a worker thread. The runner calls ``step`` on its own thread instead

@@ -59,13 +59,38 @@ BUILTINS = {
 Ledger facts must survive compaction, in KVStore only the last turn matters; DocQA is the
 one solved by delegating to subagents)."""
 
+OPENENV_ID = "agentrl/OpenEnv-v0"
+ADAPTERS = {OPENENV_ID: "agentrl.envs.adapters.openenv_env:OpenEnvEnv"}
+"""Environments served elsewhere, by keyword (``url``, ``command`` or ``package``)."""
+
+NAMESPACES = {
+    "openenv": "agentrl.envs.adapters.openenv_env",
+    "skyrl": "agentrl.envs.adapters.skyrl",
+}
+"""Id namespaces whose ids are registered on first use by the module's ``register(name)``:
+``openenv/NAME`` (an installed OpenEnv environment package), ``skyrl/NAME`` (a SkyRL-Gym
+environment id). Their packages are imported only then."""
+
 
 def register_builtins() -> None:
-    """Register every built-in id once (idempotent)."""
-    for env_id, entry_point in BUILTINS.items():
+    """Register every built-in and adapter id once (idempotent)."""
+    for env_id, entry_point in {**BUILTINS, **ADAPTERS}.items():
         if env_id not in gymnasium.registry:
             gymnasium.register(env_id, entry_point=entry_point, disable_env_checker=True,
                                order_enforce=False)
+
+
+def register_namespace_id(env_id: str) -> None:
+    """Register an ``openenv/...`` or ``skyrl/...`` id through its adapter; ValueError
+    when it is unknown there or its optional package is missing (one line, the fix)."""
+    from agentrl.config.extras import MissingExtra
+
+    namespace_name, _, name = env_id.partition("/")
+    if namespace_name in NAMESPACES and name and env_id not in gymnasium.registry:
+        try:
+            importlib.import_module(NAMESPACES[namespace_name]).register(name)
+        except MissingExtra as exc:
+            raise ValueError(f"{env_id!r}: {exc}") from None
 
 
 PLUGIN_GROUP = "gymnasium.envs"
@@ -112,6 +137,7 @@ def registered_ids() -> list[str]:
 def resolve(id_or_path: str) -> type[AgentEnv] | str:
     """The registered id itself, or the class named by "package.module:Class" / "file.py:Class"."""
     register_all()
+    register_namespace_id(id_or_path)
     if id_or_path in gymnasium.registry:
         return id_or_path
     if ":" not in id_or_path:
@@ -119,7 +145,8 @@ def resolve(id_or_path: str) -> type[AgentEnv] | str:
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ValueError(
             f"unknown environment {id_or_path!r}; {hint}registered: "
-            f"{', '.join(registered_ids())}; or give an import path like "
+            f"{', '.join(registered_ids())}; skyrl/NAME (a SkyRL-Gym environment) or "
+            "openenv/NAME (an installed OpenEnv environment); or an import path like "
             "'package.module:ClassName'"
         )
     module_name, _, class_name = id_or_path.rpartition(":")
@@ -143,6 +170,18 @@ def make(id_or_path: str, **kwargs: Any) -> AgentEnv:
     if isinstance(env, AgentEnv) and "action_space" not in vars(env):
         raise ValueError(missing_init_message(type(env)))
     return env  # type: ignore[return-value]
+
+
+def load_object(path: str, what: str) -> Any:
+    """The object ``"package.module:name"`` or ``"file.py:name"`` names (``what``: the
+    setting it came from, for errors)."""
+    module_name, _, name = path.rpartition(":")
+    if not module_name or not name:
+        raise ValueError(f"{what} = {path!r}: give 'package.module:name' or 'file.py:name'")
+    target = getattr(_import(module_name, path), name, None)
+    if target is None:
+        raise ValueError(f"{what} = {path!r}: {module_name} has no {name!r}")
+    return target
 
 
 def _import(module_name: str, id_or_path: str) -> Any:

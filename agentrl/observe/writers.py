@@ -60,6 +60,12 @@ def _bad_float(value: Any) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
+def numeric_figures(metrics: dict[str, Any]) -> dict[str, float]:
+    """The step's finite numbers by key, without ``step`` itself (what trackers plot)."""
+    return {k: v for k, v in metrics.items()
+            if k != "step" and isinstance(v, int | float) and not _bad_float(v)}
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Every step of a ``metrics.jsonl`` file (a folder means its metrics.jsonl)."""
     path = Path(path)
@@ -95,9 +101,8 @@ class TensorBoardWriter:
     def write(self, metrics: dict[str, Any]) -> None:
         """Add each int/float figure as a scalar."""
         step = int(metrics.get("step", 0))
-        for key, value in metrics.items():
-            if key != "step" and isinstance(value, int | float) and not _bad_float(value):
-                self._writer.add_scalar(key, value, step)
+        for key, value in numeric_figures(metrics).items():
+            self._writer.add_scalar(key, value, step)
         self._writer.flush()
 
     def close(self) -> None:
@@ -189,6 +194,12 @@ class MultiWriter:
         """Write to each writer."""
         for writer in self.writers:
             writer.write(metrics)
+
+    def write_samples(self, step: int, columns: list[str], rows: list[list[Any]]) -> None:
+        """A step's sampled rollouts as a table, to the writers that keep tables."""
+        for writer in self.writers:
+            if hasattr(writer, "write_samples"):
+                writer.write_samples(step, columns, rows)
 
     def close(self) -> None:
         """Close each writer."""

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from agentrl.envs.adapters.remote import REMOTE_KINDS
 from agentrl.text import is_valid_utf8, short_repr
 from agentrl.types import MAIN_THREAD, Message
 
@@ -33,6 +34,7 @@ INVALID_KINDS = (
     "bad_reward", "bad_observation", "bad_info",
     "close_raised", "close_timeout",
     "engine_refused", "engine_unavailable", "rollout_timeout", "row_too_long",
+    *REMOTE_KINDS,
 )
 """Why a rollout is invalid, short and stable: the ``<kind>`` of the metrics
 ``invalid/<kind>`` and ``env/<name>/invalid/<kind>``. ``<method>_raised`` and
@@ -40,7 +42,10 @@ INVALID_KINDS = (
 ``close``; ``bad_*`` for a return value that breaks the contract; ``engine_refused`` (a
 context the inference engine would not take), ``engine_unavailable`` (a replica that
 cannot be reached), ``rollout_timeout``
-(``rollout.rollout_timeout_s``) and ``row_too_long`` (a row past the micro-batch budget)."""
+(``rollout.rollout_timeout_s``), ``row_too_long`` (a row past the micro-batch budget) and
+the failures of an environment served elsewhere (``env_unreachable``, ``env_server_full``,
+``env_disconnected``, ``env_server_error``, ``env_server_timeout``, ``env_bad_reply``:
+:mod:`agentrl.envs.adapters.remote`)."""
 
 
 class EnvError(Exception):

@@ -33,6 +33,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from agentrl.envs.adapters.remote import REMOTE_KINDS
 from agentrl.rollout.env_contract import (
     EnvError,
     StepResult,
@@ -162,7 +163,7 @@ def _range(value: Any) -> tuple[float, float] | None:
 
 
 def _raised(name: str, what: str, exc: BaseException, tb: str | None = None) -> EnvError:
-    return EnvError(_kind(what, "raised"),
+    return EnvError(raised_kind(what, getattr(exc, "kind", None)),
                     f"env {name!r}: {_called(what)} raised {type(exc).__name__}: "
                     f"{brief(exception_message(exc))}",
                     tb or "".join(traceback.format_exception(exc)))
@@ -176,6 +177,13 @@ STEP_METHODS = ("thread_step", "complete_step")
 def _kind(what: str, outcome: str) -> str:
     """The invalid kind of a call's failure: ``<method>_raised`` or ``<method>_timeout``."""
     return f"{'step' if what in STEP_METHODS else what}_{outcome}"
+
+
+def raised_kind(what: str, named: Any) -> str:
+    """The kind of an exception raised by ``what``: the reason a served environment's
+    error names (:data:`agentrl.envs.adapters.remote.REMOTE_KINDS`), else
+    ``<method>_raised``."""
+    return named if named in REMOTE_KINDS else _kind(what, "raised")
 
 
 def _called(what: str) -> str:
@@ -414,8 +422,8 @@ class ProcessCaller:
         if reply[0] == "ok":
             return reply[1] if len(reply) > 1 else None
         if reply[0] == "raised":
-            _, type_name, message, tb = reply
-            raise EnvError(_kind(what, "raised"), f"env {self.name!r}: {_called(what)} raised "
+            _, type_name, message, tb, named = reply
+            raise EnvError(raised_kind(what, named), f"env {self.name!r}: {_called(what)} raised "
                            f"{type_name}: {brief(message)}", tb)
         raise EnvError(_kind(what, "raised"), f"env {self.name!r}: unexpected reply {reply[0]!r}")
 

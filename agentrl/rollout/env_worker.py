@@ -9,9 +9,10 @@ Protocol over one ``multiprocessing`` pipe: the worker sends ``("started",)``, b
 environment with the pickled factory and answers ``("ok", attributes)``; then for each request
 ``(method, args, kwargs)`` (a method name, or a top-level function called with the
 environment first) it answers ``("ok", value)`` or
-``("raised", type_name, message, traceback)``; ``close`` is the last request. Workers are
-forked from a ``forkserver`` (a clean interpreter, never a fork of the multi-threaded
-trainer) and die with it, and so with the trainer.
+``("raised", type_name, message, traceback, kind)`` (``kind``: the exception's ``kind``
+attribute, the named reason of a served environment's failure, else None); ``close`` is
+the last request. Workers are forked from a ``forkserver`` (a clean interpreter, never a
+fork of the multi-threaded trainer) and die with it, and so with the trainer.
 """
 
 from __future__ import annotations
@@ -74,9 +75,10 @@ def worker_main(conn: multiprocessing.connection.Connection, factory: Callable[[
             return
 
 
-def _failure(exc: BaseException) -> tuple[str, str, str, str]:
+def _failure(exc: BaseException) -> tuple[str, str, str, str, str | None]:
+    kind = getattr(exc, "kind", None)
     return ("raised", type(exc).__name__, clip(exception_message(exc), 2000),
-            "".join(traceback.format_exception(exc)))
+            "".join(traceback.format_exception(exc)), kind if isinstance(kind, str) else None)
 
 
 def _send(conn: multiprocessing.connection.Connection, reply: tuple) -> None:
@@ -87,7 +89,7 @@ def _send(conn: multiprocessing.connection.Connection, reply: tuple) -> None:
     except Exception as exc:  # noqa: BLE001 - e.g. a return value that cannot be pickled
         conn.send(("raised", type(exc).__name__,
                    f"its return value cannot be sent from the worker process: {exc}",
-                   "".join(traceback.format_exception(exc))))
+                   "".join(traceback.format_exception(exc)), None))
 
 
 def _release_forkserver() -> None:

@@ -14,6 +14,7 @@ new check is a function appended to ``CHECKS``.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -306,9 +307,24 @@ def check_threads(pf: Preflight) -> str:
             f"thread's row: {pf.longest_row.tokens} tokens")
 
 
+def check_trackers(pf: Preflight) -> str:
+    """``log.wandb`` and ``log.mlflow``: their packages are installed."""
+    from agentrl.config.extras import EXTRAS
+
+    log = pf.config.log
+    wanted = [(name, setting) for name, setting in (("wandb", log.wandb),
+                                                    ("mlflow", log.mlflow)) if setting]
+    missing = [name for name, _ in wanted if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError("\n".join(
+            f"log.{name} needs the {name} package, which is not installed: pip install "
+            f"'agentrl[{EXTRAS[name]}]' (or remove log.{name})" for name in missing))
+    return f"trackers: {', '.join(name for name, _ in wanted) or 'none'} (besides metrics.jsonl)"
+
+
 CHECKS: list[Check] = [check_environments, check_model, check_positions,
                        check_micro_batch_budget, check_context_budget, check_compact_tool,
-                       check_threads]
+                       check_threads, check_trackers]
 """The plan-time checks, in order."""
 
 

@@ -30,6 +30,7 @@ from agentrl.config.schedule import effective_lr
 from agentrl.engines.router import EngineRouter
 from agentrl.memory.plan import resolve_activation_checkpointing
 from agentrl.model.attention import use_deterministic_kernels
+from agentrl.observe.tracking import tracking_writers
 from agentrl.observe.writers import JsonlWriter, MultiWriter, build_writers
 from agentrl.packing import CostModel
 from agentrl.parallel import groups
@@ -159,7 +160,13 @@ class Run:
         """Write the step's sampled transcripts when due (rank 0); returns their cost."""
         if self.rollout_log is None:
             return {}
-        return self.rollout_log.write(step, rollouts, rows, advantages)
+        figures = self.rollout_log.write(step, rollouts, rows, advantages)
+        if figures:  # written: trackers (log.wandb, log.mlflow) get it as a table
+            from agentrl.transcripts.store import read_step
+            from agentrl.transcripts.table import sample_table
+
+            self.writers.write_samples(step, *sample_table(read_step(self.run_dir, step)))
+        return figures
 
     def first_sync(self) -> None:
         """At start (or resume): replicas that loaded the folder themselves serve version
@@ -314,10 +321,13 @@ def _main_side(config: Config, run_dir: Path, model: Any, model_dir: Path,
             collector = build_collector(config, runner, sampler, state.step + 1)
     write_run_config(config, run_dir)
     resume_step = state.step if resume else None
+    writers = build_writers(run_dir, config.train.num_steps, config.log.live,
+                            config.log.tensorboard, resume_step=resume_step)
+    writers.writers += tracking_writers(config.log, run_dir, msgspec.to_builtins(config),
+                                        resume)
     return {
         "tokenizer": tokenizer, "engine": engine, "runner": runner, "collector": collector,
-        "writers": build_writers(run_dir, config.train.num_steps, config.log.live,
-                                 config.log.tensorboard, resume_step=resume_step),
+        "writers": writers,
         "rollout_log": build_rollout_log(config, run_dir, tokenizer, resume_step),
         "trained_log": JsonlWriter(run_dir / TRAINED_ROLLOUTS_FILE, resume_step=resume_step),
         "eval_log": JsonlWriter(run_dir / EVAL_TASKS_FILE, resume_step=resume_step),

@@ -1,0 +1,82 @@
+"""``agentrl serve-env ID_OR_MODULE:CLASS [--port P]``: an agentrl environment as an
+OpenEnv server, so OpenEnv clients (TRL's OpenEnv integration, torchforge, ART, agentrl's
+own ``agentrl/OpenEnv-v0``) train on it.
+
+The server is OpenEnv's own (``create_fastapi_app``), one environment instance per
+WebSocket session; the wire types are in :mod:`agentrl.envs.adapters.openenv_server`.
+Once it listens it prints ``agentrl serve-env: ID on http://HOST:PORT``; it serves until
+interrupted. ``agentrl check-env http://HOST:PORT`` checks it through the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import threading
+import time
+
+HELP = "Serve an agentrl environment as an OpenEnv server (WebSocket sessions, /schema, ...)."
+READY = "agentrl serve-env:"
+"""The line printed once the server listens."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments: the environment, its kwargs, the address, the session limit."""
+    from agentrl.commands.serve import add_address_arguments
+
+    parser.add_argument("env", help="registered id (agentrl/Calculator-v0) or module:Class")
+    parser.add_argument("--kwargs", default="{}", help="constructor kwargs as JSON")
+    add_address_arguments(parser)
+    parser.add_argument("--max-sessions", type=int, default=64,
+                        help="WebSocket sessions at once (each its own environment instance)")
+    parser.add_argument("--expose-demonstrations", action="store_true",
+                        help="put the environment's scripted next action in each session's "
+                             "state (for check-env and sft through the server; never give it "
+                             "to a policy)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the app and serve it until interrupted; 2 when the environment is unknown."""
+    from agentrl.commands.check_env import json_kwargs
+    from agentrl.envs.registry import make, resolve
+
+    try:
+        resolve(args.env)
+    except ValueError as exc:
+        print(f"error: {exc}")
+        return 2
+    from agentrl.config.extras import MissingExtra
+
+    try:
+        from agentrl.envs.adapters.openenv_server import build_app
+    except MissingExtra as exc:
+        print(f"error: {exc}")
+        return 2
+    factory = functools.partial(make, args.env, **json_kwargs(args.kwargs))
+    factory().close()  # fail here, in one line, rather than in every session
+
+    app = build_app(factory, args.env, args.max_sessions, args.expose_demonstrations)
+    return serve(app, args.host, args.port, args.env)
+
+
+def serve(app: object, host: str, port: int, name: str) -> int:
+    """Run uvicorn; print the READY line once it listens."""
+    import uvicorn
+
+    if port == 0:
+        from agentrl.envs.adapters.openenv_launch import free_port
+
+        port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+    def announce() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        if server.started:
+            print(f"{READY} {name} on http://{shown}:{port} (OpenEnv: /ws /reset /step /state "
+                  "/schema /health)", flush=True)
+
+    threading.Thread(target=announce, daemon=True).start()
+    server.run()
+    return 0
