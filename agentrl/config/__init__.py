@@ -14,6 +14,7 @@ from agentrl.config.settings import (
     Config,
     EnvironmentConfig,
     LogConfig,
+    LoRAConfig,
     LossConfig,
     ModelConfig,
     OptimConfig,
@@ -24,7 +25,7 @@ from agentrl.config.settings import (
 
 __all__ = [
     "SEQUENCE_LEVEL_AGGREGATIONS", "AdvantageConfig", "BatchConfig", "CompactionConfig",
-    "Config", "ConfigError", "EnvironmentConfig", "LogConfig", "LossConfig", "ModelConfig",
-    "OptimConfig", "RolloutConfig", "TrainConfig", "config_from_dict", "load_config",
+    "Config", "ConfigError", "EnvironmentConfig", "LoRAConfig", "LogConfig", "LossConfig",
+    "ModelConfig", "OptimConfig", "RolloutConfig", "TrainConfig", "config_from_dict", "load_config",
     "num_local_engines",
 ]
