@@ -160,3 +160,13 @@ def merged_weights(base: dict[str, torch.Tensor], adapters: dict[str, torch.Tens
 def count_adapter_parameters(args: ModelArgs, lora: LoRAConfig) -> int:
     """Adapter values of a model of ``args``: r · (in + out) per adapted projection."""
     return sum(math.prod(shape) for shape in adapter_shapes(args, lora).values())
+
+
+def describe_adapters(model: nn.Module, lora: LoRAConfig, base_dtype: str) -> str:
+    """One line for the run's start: what is trained and what is frozen."""
+    adapted = sum(isinstance(m, LoRALinear) for m in model.modules())
+    trained = sum(p.numel() for _, p in adapter_parameters(model))
+    total = sum(p.numel() for p in model.parameters())
+    return (f"LoRA: rank {lora.rank}, alpha {lora.alpha:g} on {adapted} projections: "
+            f"{trained:,} trained parameters ({100 * trained / total:.2f}% of {total:,}); "
+            f"the base is frozen in {base_dtype} (no gradients, no AdamW state)")

@@ -208,10 +208,9 @@ class AsyncCollector:
         start = time.perf_counter()
         while True:
             self._weights_arrived.clear()
-            if self._keeps_versions():  # LoRA: running requests keep their adapter
-                self._apply_pending(in_flight=True)
-            elif not self._validations:
-                self._apply_pending(in_flight=False)
+            keeps = self._keeps_versions()  # LoRA: running requests keep their adapter
+            if keeps or not self._validations:
+                self._apply_pending(in_flight=keeps)
                 if engine_version(self.engine) >= oldest_allowed:
                     return time.perf_counter() - start
             await self._weights_arrived.wait()
