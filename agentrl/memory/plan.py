@@ -245,11 +245,15 @@ def rollout_generation(config: Config, max_position_embeddings: int) -> str:
             f"{engine_max_len(config, max_position_embeddings)} tokens at a time")
 
 
+def _shapes(args: ModelArgs, lora: object) -> list[tuple[str, tuple[int, ...]]]:
+    return list(adapter_shapes(args, lora).items())  # type: ignore[arg-type]
+
+
 def num_adapter_values(args: ModelArgs, lora: object) -> int:
     """Values of the LoRA adapters (0 without ``[model.lora]``)."""
     if lora is None:
         return 0
-    return sum(math.prod(shape) for shape in adapter_shapes(args, lora).values())
+    return sum(math.prod(shape) for _, shape in _shapes(args, lora))
 
 
 def lora_bytes_per_token(args: ModelArgs, lora: object, dtype_bytes: int,
@@ -264,7 +268,7 @@ def lora_bytes_per_token(args: ModelArgs, lora: object, dtype_bytes: int,
         return head
     dropout = lora.dropout > 0  # type: ignore[attr-defined]
     extra = sum(b * rank + ((b + 1) * fan_in if dropout else 0)
-                for name, (rank, fan_in) in adapter_shapes(args, lora).items()
+                for name, (rank, fan_in) in _shapes(args, lora)
                 if name.endswith(".lora_A.weight"))
     return head - 2 * b * h * args.num_hidden_layers + extra
 
@@ -449,6 +453,13 @@ def _suggestions(config: Config, args: ModelArgs, plan: MemoryPlan) -> list[str]
         if util >= 0.1:
             out.append(f"rollout.vllm_args.gpu_memory_utilization = {util:.2f} (a smaller "
                        "KV cache: fewer concurrent rollouts in vLLM)")
+    if config.model.lora is None:
+        from agentrl.config import LoRAConfig
+
+        lora = _with(config, "model", lora=LoRAConfig())
+        if _plan(lora, args, plan.gpu_bytes, plan.num_ranks).fits:
+            out.append("[model.lora] (rank 16 on every projection: the base frozen, "
+                       "adapters trained; docs/lora.md)")
     for ranks in (2, 4, 8, 16, 32, 64):
         if ranks > plan.num_ranks and _plan(config, args, plan.gpu_bytes, ranks).fits:
             out.append(f"{ranks} training ranks (--ranks {ranks}; FSDP2 shards the states)")

@@ -115,14 +115,28 @@ def adapter_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
     return ((n, p) for n, p in model.named_parameters() if is_adapter(n))
 
 
-def adapter_shapes(args: ModelArgs, lora: LoRAConfig) -> dict[str, tuple[int, ...]]:
-    """Name and shape of every adapter tensor of a model of ``args`` (no weights built)."""
-    from agentrl.model.model import CausalLM
+def projection_shapes(args: ModelArgs) -> dict[str, tuple[int, int]]:
+    """(in, out) of every linear projection of a model of ``args``, by qualified name, in
+    the model's order (no model built: the plan asks often)."""
+    h, i = args.hidden_size, args.intermediate_size
+    hq = args.num_attention_heads * args.head_dim
+    hkv = args.num_key_value_heads * args.head_dim
+    per_layer = {"self_attn.q_proj": (h, hq), "self_attn.k_proj": (h, hkv),
+                 "self_attn.v_proj": (h, hkv), "self_attn.o_proj": (hq, h),
+                 "mlp.gate_proj": (h, i), "mlp.up_proj": (h, i), "mlp.down_proj": (i, h)}
+    return {f"model.layers.{n}.{name}": shape for n in range(args.num_hidden_layers)
+            for name, shape in per_layer.items()}
 
-    with torch.device("meta"):
-        model = CausalLM(args, attention="torch")
-    add_adapters(model, lora)
-    return {n: tuple(p.shape) for n, p in adapter_parameters(model)}
+
+def adapter_shapes(args: ModelArgs, lora: LoRAConfig) -> dict[str, tuple[int, ...]]:
+    """Name and shape of every adapter tensor of a model of ``args``: A [r, in] and
+    B [out, r] of each projection ``lora`` targets (no weights built)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, (fan_in, fan_out) in projection_shapes(args).items():
+        if matches(name, lora.target_modules):
+            shapes[f"{name}.lora_A.weight"] = (lora.rank, fan_in)
+            shapes[f"{name}.lora_B.weight"] = (fan_out, lora.rank)
+    return shapes
 
 
 def initial_adapter_state(args: ModelArgs, lora: LoRAConfig,

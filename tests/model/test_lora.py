@@ -142,3 +142,16 @@ def test_lora_linear_keeps_base_parameter_names() -> None:
     assert "model.layers.0.self_attn.q_proj.weight" in names
     assert "model.layers.0.self_attn.q_proj.bias" in names
     assert "model.layers.0.self_attn.q_proj.lora_A.weight" in names
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "down_proj"], r".*layers\.1\.mlp\..*",
+                                     list(LoRAConfig().target_modules)])
+def test_adapter_shapes_from_the_config_equal_the_built_models(targets) -> None:
+    from agentrl.model.lora import adapter_shapes
+
+    lora = LoRAConfig(rank=3, target_modules=targets)
+    model = make_model()
+    add_adapters(model, lora)
+    built = {n: tuple(p.shape) for n, p in adapter_parameters(model)}
+    assert adapter_shapes(ARGS, lora) == built
+    assert list(adapter_shapes(ARGS, lora)) == list(built)  # same order: syncs and files
