@@ -151,7 +151,8 @@ def _vllm_replica(config: Config, model_dir: str | Path, max_len: int, gpus: lis
         str(model_dir), dtype=str(dtype).removeprefix("torch."), seed=config.train.seed + index,
         weight_transport=transport, sleep_mode=rollout.placement == "colocated", gpus=gpus or None,
         sync_timeout_s=args.pop("sync_timeout_s", rollout.weight_sync_timeout_s),
-        name=f"local vLLM replica {index}", **args)
+        name=f"local vLLM replica {index}", lora=config.model.lora,
+        max_adapter_versions=rollout.max_staleness + 2, **args)
 
 
 class EngineMemory(msgspec.Struct, frozen=True):
