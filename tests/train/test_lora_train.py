@@ -103,9 +103,13 @@ def test_two_ranks_train_the_same_adapter_as_one(tmp_path, model_dir) -> None:
     assert [r["num_rollouts"] for r in _metrics(two)] == [4, 4]
 
 
-def test_asynchronous_lora_run_records_adapter_versions(tmp_path, model_dir) -> None:
+@pytest.mark.parametrize("collector", ["thread", "process"])
+def test_asynchronous_lora_run_records_adapter_versions(tmp_path, model_dir, collector) -> None:
+    # the engine takes each adapter as soon as it is published (requests running then
+    # finish on theirs): versions still obey the bound, and every token records one
     out = _train(tmp_path, model_dir, "async", steps=4,
-                 overrides=["rollout.max_staleness=1", "loss.objective=\"decoupled\""])
+                 overrides=["rollout.max_staleness=1", "loss.objective=\"decoupled\"",
+                            f"rollout.collector=\"{collector}\""])
     records = _metrics(out)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(r["staleness/max"] <= 1 for r in records)
