@@ -18,7 +18,7 @@ a fresh adapter (B = 0) computes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -85,12 +85,7 @@ class AdapterVersions:
         """Install the received tensors as ``version`` (every adapter must have arrived)
         and drop the versions neither newest nor in ``in_use``."""
         received, self._receiving = self._receiving, None
-        if received is None:
-            raise WeightSyncError(f"{self.name}: finish without a started weight update")
-        missing = sorted(self.shapes.keys() - received.keys())
-        if missing:
-            raise ValueError(f"{self.name}: the adapter update lacks {len(missing)} tensors, "
-                             f"e.g. {missing[:3]}; send every adapter tensor")
+        received = complete_update(received, self.shapes.keys(), self.name)
         self.live[version] = {
             m: (received[f"{m}.lora_A.weight"], received[f"{m}.lora_B.weight"])
             for m in self.modules}
@@ -137,3 +132,16 @@ class AdapterVersions:
         module_name = tensor_name.rsplit(".", 2)[0]
         weight = self.modules[module_name].weight
         return weight.device, weight.dtype
+
+
+def complete_update(received: dict[str, torch.Tensor] | None, expected: Iterable[str],
+                    engine_name: str) -> dict[str, torch.Tensor]:
+    """The tensors of a finished adapter update, checked: an update was started and every
+    expected adapter tensor arrived (an adapter is only usable whole)."""
+    if received is None:
+        raise WeightSyncError(f"{engine_name}: finish without a started weight update")
+    missing = sorted(set(expected) - received.keys())
+    if missing:
+        raise ValueError(f"{engine_name}: the adapter update lacks {len(missing)} tensors, "
+                         f"e.g. {missing[:3]}; send every adapter tensor")
+    return received

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from agentrl.config.settings import LoRAConfig
+from agentrl.engines.adapters import complete_update
 from agentrl.engines.interface import WeightSyncError
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -90,12 +91,7 @@ class VLLMAdapters:
         from agentrl.model.peft_format import save_adapter
 
         received, self._receiving = self._receiving, None
-        if received is None:
-            raise WeightSyncError(f"{self.engine.name}: finish without a started update")
-        missing = sorted(self.expected.keys() - received.keys())
-        if missing:
-            raise ValueError(f"{self.engine.name}: the adapter update lacks {len(missing)} "
-                             f"tensors, e.g. {missing[:3]}; send every adapter tensor")
+        received = complete_update(received, self.expected.keys(), self.engine.name)
         folder = save_adapter(self._dir / f"v{version}", received, self.lora, self.base_model)
         request = LoRARequest(f"policy-v{version}", version + 1, str(folder))
         self.engine._call(self.engine._llm.add_lora(request), "add_lora")
