@@ -239,3 +239,35 @@ def test_plan_command_prints_lora_terms(capsys):
     out = capsys.readouterr().out
     assert "frozen base" in out and "adapters" in out and "fits;" in out
     assert "known models with these settings" in out
+
+
+def test_lora_counts_only_adapters_in_the_gradient_and_snapshot_terms():
+    from agentrl.model.lora import count_adapter_parameters
+
+    args = KNOWN_SHAPES["Qwen2.5-1.5B"]
+    total = parameter_counts(args)[0]
+    full = load_config("configs/quickstart.toml", ["rollout.max_staleness=1"])
+    lora = load_config("configs/quickstart.toml", ["rollout.max_staleness=1",
+                                                   "model.lora.rank=8"])
+    adapters = count_adapter_parameters(args, lora.model.lora)
+    full_plan, plan = plan_memory(full, args, 24, num_ranks=2), plan_memory(lora, args, 24,
+                                                                            num_ranks=2)
+    # only the adapters have gradients to accumulate and go to the collector
+    assert _term(full_plan, "accumulated gradients").bytes == 4 * total
+    assert _term(plan, "accumulated gradients").bytes == 4 * adapters
+    assert _term(full_plan, "weight snapshots").bytes == 2 * 2 * total
+    assert _term(plan, "weight snapshots").bytes == 2 * 2 * adapters
+    assert _term(plan, "engine KV cache").phase == "always"  # asynchronous, as without LoRA
+    # the frozen root has no gradient: no head gradient, no reduce-scatter at the end
+    seven_b, eight = KNOWN_SHAPES["Qwen2.5-7B"], ["batch.max_tokens_per_microbatch=1024"]
+    for lora_rank, expected in ((None, True), (8, False)):
+        overrides = eight + ([] if lora_rank is None else [f"model.lora.rank={lora_rank}"])
+        config = load_config("configs/countdown_qwen2.5_7b_8gpu.toml", overrides)
+        working = _term(plan_memory(config, seven_b, 80, num_ranks=8), "backward working set")
+        assert ("reduce-scatter at the end" in working.detail) == expected
+    head = load_config("configs/quickstart.toml", eight)
+    assert "head's fp32 gradient" in _term(plan_memory(head, args, 24),
+                                           "backward working set").detail
+    with_lora = load_config("configs/quickstart.toml", [*eight, "model.lora.rank=8"])
+    assert "head's fp32 gradient" not in _term(plan_memory(with_lora, args, 24),
+                                               "backward working set").detail
