@@ -23,6 +23,7 @@ COMMANDS = {
     "report": "agentrl.commands.report",
     "view": "agentrl.commands.view",
     "serve": "agentrl.commands.serve",
+    "export": "agentrl.commands.export",
     "serve-env": "agentrl.commands.serve_env",
 }
 

@@ -187,3 +187,87 @@ def test_one_rank_accumulates_nothing_unsharded():
     assert "accumulated gradients" not in {t.name for t in plan_memory(config, args, 80).terms}
     assert "accumulated gradients" in {
         t.name for t in plan_memory(config, args, 80, num_ranks=2).terms}
+
+
+LORA_7B = "configs/countdown_qwen2.5_7b_lora_1gpu.toml"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_lora_per_token_bytes_match_the_measurement_within_15_percent(dtype, checkpointing,
+                                                                      dropout):
+    from agentrl.config import LoRAConfig
+    from agentrl.memory.plan import lora_bytes_per_token
+    from agentrl.model.lora import add_adapters, initial_adapter_state
+
+    args, lora = _small("qwen2"), LoRAConfig(rank=8, dropout=dropout)
+    model = build_model(args, dtype)
+    add_adapters(model, lora)
+    model.load_state_dict(initial_adapter_state(args, lora, 0), strict=False)
+    model.to(dtype).configure_memory(checkpointing, logprob_chunk_tokens=64)
+    measured = saved_bytes(model, synthetic_micro_batch(args.vocab_size, 256, 3),
+                           chunked_head=True).total(args.num_hidden_layers)
+    planned = (saved_bytes_per_token(args, dtype.itemsize, checkpointing)
+               + lora_bytes_per_token(args, lora, dtype.itemsize, checkpointing))
+    assert abs(planned - measured) <= 0.15 * measured, (planned, measured)
+
+
+def test_the_7b_lora_recipe_fits_one_80_gib_gpu_where_full_training_does_not():
+    from agentrl.memory.fit import describe_fit, with_lora
+    from agentrl.model.lora import count_adapter_parameters
+
+    config = load_config(LORA_7B)
+    args = model_shape(config.model.path)
+    plan = plan_memory(config, args, 80, num_ranks=1)
+    assert plan.fits and config.model.lora is not None
+    terms = {t.name: t.bytes for t in plan.terms}
+    total = parameter_counts(args)[0]
+    adapters = count_adapter_parameters(args, config.model.lora)
+    assert terms["frozen base"] == 2 * total  # bf16, no gradient, no AdamW state
+    assert terms["adapters"] == 16 * adapters and adapters < 0.011 * total
+    assert "model states" not in terms
+    full = plan_memory(with_lora(config, None), args, 80, num_ranks=1)
+    assert not full.fits and any("[model.lora]" in s for s in full.suggestions)
+    assert full.total_bytes - plan.total_bytes > 90 * GIB
+    text = describe_fit(config, args, 80, 1)
+    assert "Qwen2.5-7B" in text and "Qwen2.5-32B     " in text and "largest rank" in text
+
+
+def test_plan_command_prints_lora_terms(capsys):
+    assert main(["plan", LORA_7B, "--gpu-memory", "80"]) == 2  # /models is not here
+    out = capsys.readouterr().out
+    assert "frozen base" in out and "adapters" in out and "fits;" in out
+    assert "known models with these settings" in out
+
+
+def test_lora_counts_only_adapters_in_the_gradient_and_snapshot_terms():
+    from agentrl.model.lora import count_adapter_parameters
+
+    args = KNOWN_SHAPES["Qwen2.5-1.5B"]
+    total = parameter_counts(args)[0]
+    full = load_config("configs/quickstart.toml", ["rollout.max_staleness=1"])
+    lora = load_config("configs/quickstart.toml", ["rollout.max_staleness=1",
+                                                   "model.lora.rank=8"])
+    adapters = count_adapter_parameters(args, lora.model.lora)
+    full_plan, plan = plan_memory(full, args, 24, num_ranks=2), plan_memory(lora, args, 24,
+                                                                            num_ranks=2)
+    # only the adapters have gradients to accumulate and go to the collector
+    assert _term(full_plan, "accumulated gradients").bytes == 4 * total
+    assert _term(plan, "accumulated gradients").bytes == 4 * adapters
+    assert _term(full_plan, "weight snapshots").bytes == 2 * 2 * total
+    assert _term(plan, "weight snapshots").bytes == 2 * 2 * adapters
+    assert _term(plan, "engine KV cache").phase == "always"  # asynchronous, as without LoRA
+    # the frozen root has no gradient: no head gradient, no reduce-scatter at the end
+    seven_b, eight = KNOWN_SHAPES["Qwen2.5-7B"], ["batch.max_tokens_per_microbatch=1024"]
+    for lora_rank, expected in ((None, True), (8, False)):
+        overrides = eight + ([] if lora_rank is None else [f"model.lora.rank={lora_rank}"])
+        config = load_config("configs/countdown_qwen2.5_7b_8gpu.toml", overrides)
+        working = _term(plan_memory(config, seven_b, 80, num_ranks=8), "backward working set")
+        assert ("reduce-scatter at the end" in working.detail) == expected
+    head = load_config("configs/quickstart.toml", eight)
+    assert "head's fp32 gradient" in _term(plan_memory(head, args, 24),
+                                           "backward working set").detail
+    with_lora = load_config("configs/quickstart.toml", [*eight, "model.lora.rank=8"])
+    assert "head's fp32 gradient" not in _term(plan_memory(with_lora, args, 24),
+                                               "backward working set").detail

@@ -185,3 +185,17 @@ def test_accepted_keywords_follow_kwargs_up_the_classes() -> None:
             pass
 
     assert accepted_keywords(Open) is None  # cannot know: every keyword is passed on
+
+
+def test_lora_targets_are_checked_against_the_model_at_plan_time(tmp_path) -> None:
+    from agentrl.config import config_from_dict
+
+    folder = build_tiny_checkpoint(tmp_path / "m", hidden_size=32, num_layers=1,
+                                   num_heads=2, num_kv_heads=1, vocab_size=300)
+    raw = {"model": {"path": str(folder), "lora": {"rank": 4, "target_modules": ["v_proj"]}},
+           "environments": [{"id": "agentrl/Countdown-v0"}]}
+    lines = run_checks(config_from_dict(raw))
+    assert any(line.startswith("LoRA: rank 4 on 1 projections, 192 adapter") for line in lines)
+    raw["model"]["lora"]["target_modules"] = ["self_attn"]
+    with pytest.raises(ConfigError, match="cannot take an adapter"):
+        run_checks(config_from_dict(raw))

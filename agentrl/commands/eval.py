@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 HELP = "Evaluate a checkpoint: greedy accuracy per environment on held-out tasks."
 
@@ -11,7 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments: config, checkpoint folder, number of tasks, overrides."""
     parser.add_argument("config", help="TOML config file (its environments are evaluated)")
     parser.add_argument("--checkpoint", required=True,
-                        help="a Hugging Face model folder, e.g. RUN/checkpoints/step_N")
+                        help="a Hugging Face model folder or a LoRA checkpoint (adapter "
+                             "folder), e.g. RUN/checkpoints/step_N")
     parser.add_argument("--tasks", type=int, default=None,
                         help="held-out tasks per environment (default: train.eval_tasks_per_env)")
     parser.add_argument("--temperature", type=float, default=0.0,
@@ -21,19 +24,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the checkpoint into an engine and print accuracy per environment."""
-    import asyncio
-
+    """Load the checkpoint into an engine and print accuracy per environment (a LoRA
+    checkpoint: its base model, with the adapter synced in)."""
     import msgspec
 
     from agentrl.config import load_config
     from agentrl.model import load_pretrained, load_tokenizer
+    from agentrl.model.peft_format import is_adapter_folder
     from agentrl.parallel.fsdp import compute_dtype, iter_full_parameters
     from agentrl.parallel.groups import local_device
     from agentrl.rollout.build import build_engine
-    from agentrl.rollout.evaluation import evaluate
 
     config = load_config(args.config, args.overrides)
+    if is_adapter_folder(args.checkpoint):
+        return _evaluate_adapter(config, args)
     config = msgspec.structs.replace(
         config, model=msgspec.structs.replace(config.model, path=args.checkpoint))
     device = local_device()
@@ -43,6 +47,36 @@ def run(args: argparse.Namespace) -> int:
     engine = build_engine(config, model, tokenizer, args.checkpoint)
     if engine.needs_initial_sync:  # servers elsewhere: give them the checkpoint
         engine.update_weights(iter_full_parameters(model))
+    return _report(engine, tokenizer, config, args)
+
+
+def _evaluate_adapter(config: Any, args: argparse.Namespace) -> int:
+    """A LoRA checkpoint: the engines load its base model and are sent the adapter."""
+    import msgspec
+
+    from agentrl.engines.build import build_engines
+    from agentrl.model import load_tokenizer, read_args
+    from agentrl.model.peft_format import read_adapter, read_adapter_config
+
+    lora, base = read_adapter_config(args.checkpoint)
+    if not Path(base).is_dir():  # the recorded base is elsewhere: the config's model
+        from agentrl.train.preflight import locate_model_dir
+
+        base = str(locate_model_dir(config.model.path))
+    config = msgspec.structs.replace(
+        config, model=msgspec.structs.replace(config.model, path=base, lora=lora))
+    tokenizer = load_tokenizer(args.checkpoint)
+    engine = build_engines(config, base, tokenizer, read_args(base).max_position_embeddings)
+    engine.update_weights(read_adapter(args.checkpoint).items(), version=0)
+    return _report(engine, tokenizer, config, args)
+
+
+def _report(engine: Any, tokenizer: Any, config: Any, args: argparse.Namespace) -> int:
+    """Evaluate with ``engine`` and print accuracy per environment."""
+    import asyncio
+
+    from agentrl.rollout.evaluation import evaluate
+
     num_tasks = args.tasks or config.train.eval_tasks_per_env
     accuracy = asyncio.run(evaluate(engine, tokenizer, config, num_tasks, args.temperature))
     for name, value in accuracy.items():

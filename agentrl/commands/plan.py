@@ -66,6 +66,10 @@ def _memory_plan(config: Any, args: argparse.Namespace) -> bool:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     print(describe_memory_plan(plan))
+    from agentrl.memory.fit import describe_fit
+
+    print(describe_fit(config, model_shape(config.model.path), args.gpu_memory,
+                       plan.num_ranks))
     return plan.fits
 
 

@@ -106,8 +106,13 @@ def _train_rank(config: Any, out: Path, resume: bool, checked: bool) -> Any:
     if run_.is_main and not checked:
         print(describe_plan(plan_batches(config)))
     if run_.is_main:
+        dtype = str(run_.compute_dtype).removeprefix('torch.')
         print(f"ranks: {run_.world_size} (FSDP2 over {run_.world_size}), compute dtype "
-              f"{str(run_.compute_dtype).removeprefix('torch.')}, fp32 master weights")
+              f"{dtype}, fp32 master weights")
+        if config.model.lora is not None:
+            from agentrl.model.lora import describe_adapters
+
+            print(describe_adapters(run_.model, config.model.lora, dtype))
         if resume:
             print(f"resuming {out} at step {run_.state.step}")
     return train(run_)

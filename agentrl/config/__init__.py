@@ -14,6 +14,7 @@ from agentrl.config.settings import (
     Config,
     EnvironmentConfig,
     LogConfig,
+    LoRAConfig,
     LossConfig,
     MlflowConfig,
     ModelConfig,
@@ -26,7 +27,7 @@ from agentrl.config.settings import (
 
 __all__ = [
     "SEQUENCE_LEVEL_AGGREGATIONS", "AdvantageConfig", "BatchConfig", "CompactionConfig",
-    "Config", "ConfigError", "EnvironmentConfig", "LogConfig", "LossConfig", "MlflowConfig",
-    "ModelConfig", "OptimConfig", "RolloutConfig", "TrainConfig", "WandbConfig",
+    "Config", "ConfigError", "EnvironmentConfig", "LoRAConfig", "LogConfig", "LossConfig",
+    "MlflowConfig", "ModelConfig", "OptimConfig", "RolloutConfig", "TrainConfig", "WandbConfig",
     "config_from_dict", "load_config", "num_local_engines",
 ]

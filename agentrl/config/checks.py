@@ -32,6 +32,7 @@ def validate(config: Config) -> None:
     check_deterministic(config)
     check_engines(config.rollout)
     check_off_policy(config)
+    check_lora(config)
     from agentrl.config.schedule import check_lr_scaling
 
     check_lr_scaling(config)
@@ -101,6 +102,26 @@ def check_off_policy(config: Config) -> None:
             raise ConfigError(f"loss.relaxed_clip_eps_{name} = {relaxed} is narrower than "
                               f"loss.clip_eps_{name} = {standard}; relaxed clipping widens "
                               "the interval for stale tokens")
+
+
+def check_lora(config: Config) -> None:
+    """What LoRA (``[model.lora]``) can run with: a frozen embedding, engines that take
+    adapters (the built-in one, local or served by `agentrl serve`, and local vLLM)."""
+    lora, rollout = config.model.lora, config.rollout
+    if lora is None:
+        return
+    if lora.train_embeddings:
+        raise ConfigError("model.lora.train_embeddings = true is not supported: adapter-only "
+                          "weight syncs and the adapter versions engines keep need a frozen "
+                          "embedding and LM head; set it to false, or drop [model.lora] to "
+                          "train every weight")
+    if not lora.target_modules:
+        raise ConfigError("model.lora.target_modules is empty; name the projections to adapt, "
+                          'e.g. ["q_proj", "k_proj", "v_proj", "o_proj"]')
+    if rollout.engine == "vllm" and rollout.remote_engines:
+        raise ConfigError("[model.lora] with remote vLLM servers is not supported: a vLLM "
+                          "server loads adapters from its own disk; use local vLLM replicas "
+                          '(rollout.num_engines) or `agentrl serve` (rollout.engine = "torch")')
 
 
 def check_environments(config: Config) -> None:

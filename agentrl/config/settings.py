@@ -32,6 +32,37 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Base of every config section: unknown keys are refused."""
 
 
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                        "down_proj")
+"""Every attention and MLP projection of a decoder layer: LoRA on all of them (MLP
+included) is what matches full fine-tuning in "LoRA without regret"."""
+
+
+class LoRAConfig(_Section):
+    """Low-rank adapters on the native decoder (``[model.lora]``; absent: full fine-tuning).
+    The base weights are frozen (no gradient, no AdamW state); checkpoints hold the
+    adapter alone, in PEFT's format; weight syncs send only the adapter tensors."""
+
+    rank: PositiveInt = 16
+    """r, the adapters' inner width (each adapted W [out, in] gains B [out, r] @ A [r, in]);
+    >= 1."""
+    alpha: PositiveFloat = 32.0
+    """The adapter's output is scaled by alpha / rank (PEFT's lora_alpha); > 0."""
+    dropout: UnitInterval = 0.0
+    """Dropout on each adapter's input in training forwards (never in scoring passes nor
+    in the engines); [0, 1)."""
+    target_modules: list[str] | str = msgspec.field(
+        default_factory=lambda: list(LORA_DEFAULT_TARGETS))
+    """Which linear layers get an adapter, as PEFT reads it: a list of names, each
+    matching a module whose qualified name is it or ends in "." + it (``"q_proj"``,
+    ``"mlp.down_proj"``), or one string, a regular expression the whole qualified name
+    must match (``"model.layers.[0-3].self_attn.(q|v)_proj"``). Only decoder projections
+    qualify (never embed_tokens or lm_head)."""
+    train_embeddings: bool = False
+    """Also train the token embeddings and the LM head in full. Only false is supported:
+    adapter-only syncs and the adapter versions the engines keep need a frozen base."""
+
+
 class ModelConfig(_Section):
     path: str = ""
     """Local Hugging Face folder (config.json, *.safetensors, tokenizer.json), as given or
@@ -48,6 +79,9 @@ class ModelConfig(_Section):
     capability 8.0+ in bf16/fp16, else the exact per-row PyTorch path (the run prints
     which and why). "varlen": that kernel or an error; "flash": flash-attn (the optional
     `agentrl[flash]` extra) or an error; "torch": the per-row path everywhere."""
+    lora: LoRAConfig | None = None
+    """``[model.lora]``: train low-rank adapters on the frozen base instead of every
+    weight (docs/lora.md). None (no section): full fine-tuning."""
 
 
 class BatchConfig(_Section):

@@ -120,10 +120,17 @@ def build_torch_replica(config: Config, model_dir: str | Path, tokenizer: Any, m
     model = load_pretrained(model_dir, dtype=dtype, attention=config.model.attention,
                             device=device).eval()
     model.requires_grad_(False)
+    name = f"local replica {index}"
+    adapters = None
+    if config.model.lora is not None:  # the frozen base, plus adapter versions as synced
+        from agentrl.engines.adapters import AdapterVersions
+
+        adapters = AdapterVersions(model, config.model.lora, name,
+                                   move_running=config.rollout.inflight_updates)
     engine = TorchEngine(model, tokenizer, max_batch_size=config.rollout.max_concurrent_rollouts,
                          max_len=max_len, seed=config.train.seed + 7919 * index,
-                         batch_invariant=config.train.deterministic,
-                         name=f"local replica {index}")
+                         batch_invariant=config.train.deterministic, name=name,
+                         adapters=adapters)
     engine.sync_timeout_s = config.rollout.weight_sync_timeout_s
     return engine
 
@@ -144,7 +151,8 @@ def _vllm_replica(config: Config, model_dir: str | Path, max_len: int, gpus: lis
         str(model_dir), dtype=str(dtype).removeprefix("torch."), seed=config.train.seed + index,
         weight_transport=transport, sleep_mode=rollout.placement == "colocated", gpus=gpus or None,
         sync_timeout_s=args.pop("sync_timeout_s", rollout.weight_sync_timeout_s),
-        name=f"local vLLM replica {index}", **args)
+        name=f"local vLLM replica {index}", lora=config.model.lora,
+        max_adapter_versions=rollout.max_staleness + 2, **args)
 
 
 class EngineMemory(msgspec.Struct, frozen=True):

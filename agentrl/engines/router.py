@@ -87,6 +87,13 @@ class EngineRouter:
         (a server started separately): the trainer syncs before the first collection."""
         return any(getattr(r, "url", None) for r in self.replicas)
 
+    @property
+    def keeps_adapter_versions(self) -> bool:
+        """True when every replica in service serves LoRA adapters by version: a sync
+        may come while requests run (they finish on their adapter version)."""
+        return all(getattr(self.replicas[i], "keeps_adapter_versions", False)
+                   for i in self._healthy())
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        key: str | None = None) -> Generation:
         """Complete one prompt on the replica chosen for ``key``."""

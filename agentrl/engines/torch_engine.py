@@ -36,6 +36,7 @@ replica colocated with training); the next request allocates it again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +65,8 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    version: int = 0
+    """The adapter version the request runs under (LoRA engines; set on admission)."""
 
 
 class TorchEngine:
@@ -78,11 +81,14 @@ class TorchEngine:
         seed: int = 0,
         batch_invariant: bool = False,
         name: str = "torch engine",
+        adapters: Any = None,
     ) -> None:
         """``max_batch_size`` cache slots of ``max_len`` tokens (prompt + generated) each;
         ``batch_invariant``: outputs independent of batching (module docstring). The engine
         generates with ``model``; a replica that must not share the trainer's parameters
-        gets its own copy (``agentrl.engines.build``)."""
+        gets its own copy (``agentrl.engines.build``). ``adapters``: an
+        ``AdapterVersions`` on ``model`` (a LoRA run): syncs then carry adapter tensors
+        only and never wait for running requests (``agentrl.engines.adapters``)."""
         if max_batch_size < 1 or max_len < 2:
             raise ValueError(
                 f"TorchEngine needs max_batch_size >= 1 and max_len >= 2, got "
@@ -106,6 +112,13 @@ class TorchEngine:
         records the version it came from."""
         self.sync_timeout_s = 300.0
         self._receiving: set[str] | None = None
+        self.adapters = adapters
+
+    @property
+    def keeps_adapter_versions(self) -> bool:
+        """True for a LoRA engine: a sync installs a new adapter version beside the ones
+        running requests use, so it may come at any time."""
+        return self.adapters is not None
 
     # ------------------------------------------------------------------ public API
 
@@ -145,12 +158,19 @@ class TorchEngine:
     def start_weight_update(self, in_flight: bool = False) -> None:
         """Begin a sync session: between collections, or ``in_flight`` between two decode
         steps of running requests."""
+        if self.adapters is not None:
+            self.adapters.start()
+            return
         if not in_flight:
             self._require_idle("update_weights")
         self._receiving = set()
 
     def load_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
-        """Copy one bucket of (name, tensor) pairs into the model's parameters."""
+        """Copy one bucket of (name, tensor) pairs into the model's parameters (a LoRA
+        engine: into the adapter version being received)."""
+        if self.adapters is not None:
+            self.adapters.load(bucket)
+            return
         if self._receiving is None:
             raise WeightSyncError(f"{self.name}: load_bucket outside a weight update")
         targets = self.model.state_dict()
@@ -167,6 +187,13 @@ class TorchEngine:
 
     def finish_weight_update(self, version: int) -> None:
         """End the session: every parameter must have arrived; then serve ``version``."""
+        if self.adapters is not None:
+            self.adapters.finish(version, self._versions_in_use())
+            if self.adapters.move_running:  # in-flight updates: running requests move too
+                for request in self._active.values():
+                    request.version = version
+            self.weight_version = version
+            return
         received, self._receiving = self._receiving, None
         if received is None:
             raise WeightSyncError(f"{self.name}: finish without a started weight update")
@@ -216,6 +243,15 @@ class TorchEngine:
                 "sync weights between collections"
             )
 
+    def _versions_in_use(self) -> set[int]:
+        return {r.version for r in self._active.values()}
+
+    def _rows_under(self, versions: list[int]) -> Any:
+        """The forward's rows run under these adapter versions (no-op without LoRA)."""
+        if self.adapters is None:
+            return contextlib.nullcontext()
+        return self.adapters.selected(versions)
+
     def _check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:
             raise ValueError("generate() got an empty prompt; give at least one token id")
@@ -263,11 +299,13 @@ class TorchEngine:
             if request.future.done():  # cancelled while queued
                 continue
             request.slot = free.pop(0)
+            request.version = self.weight_version  # the newest weights (adapter version)
             cache.lengths[request.slot] = 0  # the slot's old contents are dead
             device = cache.lengths.device
             input_ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
             slots = torch.tensor([request.slot], device=device)
-            logits = self.model.forward_cached(input_ids, slots, cache)
+            with self._rows_under([request.version]):
+                logits = self.model.forward_cached(input_ids, slots, cache)
             self.num_forwards += 1
             self._active[request.slot] = request
             # sample on CPU: per-request generators live there, and results stay device-free
@@ -293,7 +331,9 @@ class TorchEngine:
         device = cache.lengths.device
         input_ids = torch.tensor([[t] for t in tokens], dtype=torch.long, device=device)
         slots = torch.tensor(slot_ids, dtype=torch.long, device=device)
-        last_logits = self.model.forward_cached(input_ids, slots, cache, span)[:, -1]
+        by_slot = {r.slot: r.version for r in running}
+        with self._rows_under([by_slot.get(s, self.weight_version) for s in slot_ids]):
+            last_logits = self.model.forward_cached(input_ids, slots, cache, span)[:, -1]
         self.num_forwards += 1
         last_logits = last_logits.float().cpu()  # one transfer per step, not per request
         row_of = {slot: row for row, slot in enumerate(slot_ids)}
@@ -306,7 +346,8 @@ class TorchEngine:
                                       request.generator)
         request.token_ids.append(token)
         request.logprobs.append(logprob)
-        request.versions.append(self.weight_version)
+        request.versions.append(request.version if self.adapters is not None
+                                else self.weight_version)
         if token in params.stop_token_ids or self._hit_stop_string(request):
             request.finish_reason = "stop"
         elif len(request.token_ids) >= request.max_tokens:
@@ -325,6 +366,8 @@ class TorchEngine:
             if request.finish_reason is None and not request.future.cancelled():
                 continue
             del self._active[slot]
+            if self.adapters is not None:  # versions no running request uses any more
+                self.adapters.keep(self._versions_in_use())
             if not request.future.done():  # the caller may have been cancelled
                 request.future.set_result(
                     Generation(request.token_ids, request.logprobs, request.finish_reason,

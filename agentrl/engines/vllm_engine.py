@@ -106,6 +106,8 @@ class VLLMEngine:
         self._lock = threading.Lock()
         self._sync: Any = None
         self._received: set[str] | None = None
+        self.adapters: Any = None
+        """``VLLMAdapters`` of a LoRA engine (``from_pretrained(lora=...)``), else None."""
 
     @classmethod
     def from_pretrained(
@@ -123,6 +125,8 @@ class VLLMEngine:
         sleep_mode: bool = False,
         gpus: list[int] | None = None,
         name: str = "vLLM engine",
+        lora: Any = None,
+        max_adapter_versions: int = 2,
         **engine_kwargs: Any,
     ) -> VLLMEngine:
         """Start vLLM on a local Hugging Face folder (nothing is downloaded).
@@ -132,7 +136,9 @@ class VLLMEngine:
         ``weight_transport``: "auto" (NCCL on GPUs, gloo on CPU), "nccl", "ipc" (a replica
         on the trainer's own GPUs), "gloo", "files";
         ``sleep_mode``: enable vLLM's sleep mode (colocated with training; GPU only);
-        ``gpus``: the GPUs (as this process numbers them) vLLM's processes get.
+        ``gpus``: the GPUs (as this process numbers them) vLLM's processes get;
+        ``lora`` (a LoRAConfig): serve LoRA adapters on the frozen base, up to
+        ``max_adapter_versions`` at once, synced adapter-only (``agentrl.engines.vllm_lora``).
         ``engine_kwargs`` go to ``vllm.AsyncEngineArgs``."""
         from agentrl.engines.build import physical_gpus
         from agentrl.engines.vllm_sync import can_sleep, engine_env, transfer_backend
@@ -141,6 +147,13 @@ class VLLMEngine:
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"VLLMEngine dtype {dtype!r}: use 'float32' or 'bfloat16'")
         expected, tied = read_checkpoint_shapes(path)
+        if lora is not None:
+            from agentrl.engines.vllm_lora import lora_engine_args
+            from agentrl.model import read_args
+            from agentrl.model.lora import adapter_shapes
+
+            expected = adapter_shapes(read_args(path), lora)
+            engine_kwargs = {**lora_engine_args(lora, max_adapter_versions), **engine_kwargs}
         vllm = _import_vllm()
         backend = transfer_backend(weight_transport)
         sleep_mode = sleep_mode and can_sleep()
@@ -179,8 +192,19 @@ class VLLMEngine:
         except BaseException:
             loop.call_soon_threadsafe(loop.stop)
             raise
-        return cls(llm, loop, thread, expected, tied, sync_timeout_s, backend, world_size,
-                   sleep_mode, name, gpus)
+        engine = cls(llm, loop, thread, expected, tied, sync_timeout_s, backend, world_size,
+                     sleep_mode, name, gpus)
+        if lora is not None:
+            from agentrl.engines.vllm_lora import VLLMAdapters
+
+            engine.adapters = VLLMAdapters(engine, lora, expected, str(path))
+        return engine
+
+    @property
+    def keeps_adapter_versions(self) -> bool:
+        """True for a LoRA engine: a sync adds an adapter version beside the ones running
+        requests use, so it may come while they run."""
+        return self.adapters is not None
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        key: str | None = None) -> Generation:
@@ -191,30 +215,43 @@ class VLLMEngine:
         if params.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens is {params.max_tokens}; need >= 1")
         request_id = f"agentrl-{next(self._request_ids)}"
+        version, lora_request = (self.adapters.acquire() if self.adapters is not None
+                                 else (None, None))
         with self._lock:
             self._num_in_flight += 1
         try:
             future = asyncio.run_coroutine_threadsafe(
-                self._generate(list(prompt_ids), params, request_id), self._loop
+                self._generate(list(prompt_ids), params, request_id, lora_request), self._loop
             )
             # cancelling the awaiting caller cancels the vLLM request (which aborts it)
-            return await asyncio.wrap_future(future)
+            generation = await asyncio.wrap_future(future)
         finally:
             with self._lock:
                 self._num_in_flight -= 1
+            if self.adapters is not None:
+                self.adapters.release(version)
+        if version is not None:  # every token came from the adapter the request started on
+            generation.versions = [version] * len(generation.token_ids)
+        return generation
 
-    def update_weights(self, named_tensors: NamedTensors, version: int | None = None) -> None:
+    def update_weights(self, named_tensors: NamedTensors, version: int | None = None, *,
+                       in_flight: bool = False) -> None:
         """Load new weights in place (HF names), bucket by bucket; a state dict is checked
         whole first (ValueError on unknown, missing or mis-shaped tensors, nothing sent);
         WeightSyncError when vLLM fails or times out."""
         from agentrl.engines.weight_sync import push_weights
 
-        if isinstance(named_tensors, Mapping):
+        if isinstance(named_tensors, Mapping) and self.adapters is None:
             named_tensors = self._checked_tensors(named_tensors)
-        push_weights([self], named_tensors, next_version(self.weight_version, version))
+        push_weights([self], named_tensors, next_version(self.weight_version, version),
+                     in_flight=in_flight)
 
-    def start_weight_update(self) -> None:
-        """Begin a sync session on vLLM's workers (between collections only)."""
+    def start_weight_update(self, in_flight: bool = False) -> None:
+        """Begin a sync session on vLLM's workers (between collections only; a LoRA
+        engine's adapter sync at any time)."""
+        if self.adapters is not None:
+            self.adapters.start()
+            return
         if self._num_in_flight:
             raise RuntimeError(
                 f"{self.name}: update_weights called with {self._num_in_flight} generations "
@@ -228,6 +265,9 @@ class VLLMEngine:
 
     def load_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         """Check one bucket's names and shapes against the checkpoint, then send it."""
+        if self.adapters is not None:
+            self.adapters.load(bucket)
+            return
         if self._received is None:
             raise WeightSyncError(f"{self.name}: load_bucket outside a weight update")
         bucket = [(k, v) for k, v in bucket if self._sent(k)]
@@ -243,6 +283,10 @@ class VLLMEngine:
 
     def finish_weight_update(self, version: int) -> None:
         """End the session; with every tensor received, vLLM serves ``version``."""
+        if self.adapters is not None:
+            self.adapters.finish(version)
+            self.weight_version = version
+            return
         received, self._received = self._received, None
         missing = sorted(self._expected_shapes.keys() - (received or set()))
         self._guarded(self._sync.finish_weight_update, None if missing else version)
@@ -275,6 +319,8 @@ class VLLMEngine:
         llm, self._llm = self._llm, None
         if self._sync is not None and hasattr(self._sync, "close"):
             self._sync.close()
+        if self.adapters is not None:
+            self.adapters.close()
 
         async def stop() -> None:  # on the engine's loop, where vLLM's tasks live
             llm.shutdown()
@@ -289,13 +335,15 @@ class VLLMEngine:
             self._thread.join(timeout=10)
 
     async def _generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+        lora_request: Any = None,
     ) -> Generation:
         from vllm.inputs import TokensPrompt
 
         final = None
         stream = self._llm.generate(
-            TokensPrompt(prompt_token_ids=prompt_ids), to_vllm_params(params), request_id
+            TokensPrompt(prompt_token_ids=prompt_ids), to_vllm_params(params), request_id,
+            lora_request=lora_request,
         )
         async for output in stream:
             final = output
@@ -315,6 +363,14 @@ class VLLMEngine:
                 f"vLLM did not confirm {what} within {self.sync_timeout_s} s; its weights "
                 "are now undefined: restart it (or raise sync_timeout_s)"
             ) from None
+
+    def _call_soon(self, coro: Any) -> None:
+        """Schedule a coroutine on vLLM's loop without waiting for it (dropping an unused
+        adapter must not hold up the request that released it)."""
+        if self._llm is not None:
+            asyncio.run_coroutine_threadsafe(_quietly(coro), self._loop)
+        else:
+            coro.close()
 
     def _make_sync(self) -> Any:
         from agentrl.engines.vllm_sync import AsyncLLMControl, FileSync

@@ -18,10 +18,19 @@ I intermediate, V vocabulary), and ``bench/memory.py`` measures the same figures
 - once per micro-batch: the rope tables cos and sin, 2·b·head_dim;
 - head and loss: input ids 8, final norm 4H + 4 + 2·b·H, targets 8, log-sum-exp 4, loss
   terms ~40; the full-logits path would add 4·V.
+
+With ``[model.lora]`` the base is frozen, stored in the compute dtype (sharded) with no
+gradient and no AdamW state; the adapters hold the 16 bytes per value of full training.
+Autograd then keeps per token, in each layer, b·r for every adapter's A output (B's
+gradient needs it) and, with dropout, each adapter's dropped input and mask ((b + 1)·in),
+but no longer the normalized inputs of the frozen RMSNorm weights (2·b·H per layer, b·H at
+the final norm) nor the input ids of the frozen embedding (8); the LM head's weight
+gradient disappears from backward.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import msgspec
@@ -29,6 +38,7 @@ import msgspec
 from agentrl.config import Config
 from agentrl.engines.build import engine_max_len
 from agentrl.model.args import ModelArgs
+from agentrl.model.lora import adapter_shapes
 
 GIB = 1024**3
 MASTER_STATE_BYTES = 16
@@ -195,24 +205,27 @@ def _plan(config: Config, args: ModelArgs, gpu_bytes: float, num_ranks: int) -> 
     b = DTYPE_BYTES[config.model.dtype]
     tokens = config.batch.max_tokens_per_microbatch
     total, root, layer = parameter_counts(args)
-    per_token = saved_bytes_per_token(args, b, checkpointing)
-    other = saved_bytes_per_token(args, b, not checkpointing)
+    lora = config.model.lora
+    per_token = saved_bytes_per_token(args, b, checkpointing) + lora_bytes_per_token(
+        args, lora, b, checkpointing)
+    other = saved_bytes_per_token(args, b, not checkpointing) + lora_bytes_per_token(
+        args, lora, b, not checkpointing)
+    adapters = num_adapter_values(args, lora)
     terms = [
-        MemoryTerm("model states", MASTER_STATE_BYTES * total / num_ranks,
-                   f"{_count(total)} params × 16 B (fp32 master, grad, 2 AdamW moments) "
-                   f"/ {num_ranks} rank(s)"),
-        MemoryTerm("gathered parameters", b * (root + 2 * layer),
+        *_state_terms(config, total, adapters, b, num_ranks),
+        MemoryTerm("gathered parameters",
+                   b * (root + 2 * layer + 2 * adapters / args.num_hidden_layers),
                    f"{config.model.dtype} copy of the root unit (embeddings, head) and two "
                    "layers (computing + prefetched)", "training"),
         MemoryTerm("activations", tokens * per_token,
                    f"{tokens} tokens × {per_token / 1024:.1f} KiB/token, activation "
                    f"checkpointing {'on' if checkpointing else 'off'} ({other / 1024:.1f} "
                    f"KiB/token {'off' if checkpointing else 'on'})", "training"),
-        *_gradient_terms(config, total, num_ranks),
+        *_gradient_terms(config, adapters or total, num_ranks),
         _backward_working_set(args, b, tokens, checkpointing, config.train.logprob_chunk_tokens,
-                              root, layer, num_ranks, tokens * per_token),
+                              root, layer, num_ranks, tokens * per_token, lora),
         *_engine_shares(config, args, gpu_bytes, b),
-        *_snapshot_terms(config, total, b),
+        *_snapshot_terms(config, adapters or total, b, "adapter" if adapters else "policy"),
         MemoryTerm("runtime reserve", RUNTIME_RESERVE_BYTES,
                    "CUDA context, NCCL buffers, allocator fragmentation (rule of thumb)"),
     ]
@@ -230,6 +243,53 @@ def rollout_generation(config: Config, max_position_embeddings: int) -> str:
             f"{rollout.max_rollout_tokens} + {rollout.max_subagents_per_rollout} subagents x "
             f"{rollout.max_subagent_tokens}), each thread one request of at most "
             f"{engine_max_len(config, max_position_embeddings)} tokens at a time")
+
+
+def _shapes(args: ModelArgs, lora: object) -> list[tuple[str, tuple[int, ...]]]:
+    return list(adapter_shapes(args, lora).items())  # type: ignore[arg-type]
+
+
+def num_adapter_values(args: ModelArgs, lora: object) -> int:
+    """Values of the LoRA adapters (0 without ``[model.lora]``)."""
+    if lora is None:
+        return 0
+    return sum(math.prod(shape) for _, shape in _shapes(args, lora))
+
+
+def lora_bytes_per_token(args: ModelArgs, lora: object, dtype_bytes: int,
+                         checkpointing: bool) -> int:
+    """What LoRA adds to (or, negative, removes from) the autograd state per token of
+    full training (see the module docstring); 0 without ``[model.lora]``."""
+    if lora is None:
+        return 0
+    b, h = dtype_bytes, args.hidden_size
+    head = -(b * h + 8)  # frozen final norm and embedding
+    if checkpointing:
+        return head
+    dropout = lora.dropout > 0  # type: ignore[attr-defined]
+    extra = sum(b * rank + ((b + 1) * fan_in if dropout else 0)
+                for name, (rank, fan_in) in _shapes(args, lora)
+                if name.endswith(".lora_A.weight"))
+    return head - 2 * b * h * args.num_hidden_layers + extra
+
+
+def _state_terms(config: Config, total: int, adapters: int, b: int,
+                 num_ranks: int) -> list[MemoryTerm]:
+    """Model states: every weight trained (16 B each), or a frozen base plus adapters."""
+    ranks = f"/ {num_ranks} rank(s)"
+    if config.model.lora is None:
+        return [MemoryTerm("model states", MASTER_STATE_BYTES * total / num_ranks,
+                           f"{_count(total)} params × 16 B (fp32 master, grad, 2 AdamW "
+                           f"moments) {ranks}")]
+    rank = config.model.lora.rank
+    return [
+        MemoryTerm("frozen base", b * total / num_ranks,
+                   f"{_count(total)} params × {b} B ({config.model.dtype}); no gradients, "
+                   f"no AdamW state {ranks}"),
+        MemoryTerm("adapters", MASTER_STATE_BYTES * adapters / num_ranks,
+                   f"{_count(adapters)} LoRA params (rank {rank}, "
+                   f"{100 * adapters / total:.2f}% of the model) × 16 B (fp32 master, grad, "
+                   f"2 AdamW moments) {ranks}")]
 
 
 def _count(num: int) -> str:
@@ -250,7 +310,7 @@ def _gradient_terms(config: Config, total_params: int, num_ranks: int) -> list[M
 
 def _backward_working_set(args: ModelArgs, b: int, tokens: int, checkpointing: bool,
                           chunk: int, root_params: int, layer_params: int, num_ranks: int,
-                          activations: float) -> MemoryTerm:
+                          activations: float, lora: object = None) -> MemoryTerm:
     """The largest transient of backward, of three moments:
 
     - the LM head's chunk ([chunk, V] logits in compute dtype, their fp32 gradient and its
@@ -262,17 +322,31 @@ def _backward_working_set(args: ModelArgs, b: int, tokens: int, checkpointing: b
     - the root unit's reduce-scatter at the very end (embeddings and head: their
       compute-dtype gradient, FSDP2's fp32 copy-in buffer and its 1/N output), when the
       activations are gone (so only what exceeds them is added).
+
+    With ``[model.lora]`` the root is frozen (no head weight gradient, no root gradient,
+    no root reduce-scatter), a layer's autograd state gains its adapters' and the
+    reduce-scatter buffer holds the previous layer's adapter gradients only.
     """
     vocab, hidden = args.vocab_size, args.hidden_size
-    head = chunk * vocab * (2 * b + 4) + vocab * hidden * (4 + (b if b != 4 else 0))
-    full_layer = tokens * layer_bytes_per_token(args, b, checkpointing=False)
-    layer = full_layer * (2 if checkpointing else 1) + b * root_params + 4 * layer_params
-    root = (b + 4 + 4 / num_ranks) * root_params - activations
+    head = chunk * vocab * (2 * b + 4)
+    if lora is None:
+        head += vocab * hidden * (4 + (b if b != 4 else 0))
+    lora_layer = (lora_bytes_per_token(args, lora, b, False)
+                  - lora_bytes_per_token(args, lora, b, True)) // args.num_hidden_layers
+    full_layer = tokens * (layer_bytes_per_token(args, b, checkpointing=False) + lora_layer)
+    if lora is None:
+        gradients = b * root_params + 4 * layer_params
+    else:
+        gradients = 4 * num_adapter_values(args, lora) / args.num_hidden_layers
+    layer = full_layer * (2 if checkpointing else 1) + gradients
+    root = (b + 4 + 4 / num_ranks) * root_params - activations if lora is None else 0.0
+    buffer = "the previous layer's fp32 reduce-scatter buffer"
     candidates = [
-        (head, f"log-prob chunk [{chunk} × {vocab}] and the head's fp32 gradient"),
+        (head, f"log-prob chunk [{chunk} × {vocab}]"
+         + (" and the head's fp32 gradient" if lora is None else "")),
         (layer, ("one recomputed layer and its gradients" if checkpointing else
-                 "one layer's gradients") + f" at {tokens} tokens, root gradient, the previous "
-         "layer's fp32 reduce-scatter buffer"),
+                 "one layer's gradients") + f" at {tokens} tokens, "
+         + (f"root gradient, {buffer}" if lora is None else f"{buffer} (adapters)")),
         (root, "the root unit's gradient reduce-scatter at the end of backward (its "
                f"{_count(root_params)} params: compute-dtype gradient + fp32 buffer), "
                "beyond the freed activations"),
@@ -281,16 +355,17 @@ def _backward_working_set(args: ModelArgs, b: int, tokens: int, checkpointing: b
     return MemoryTerm("backward working set", size, detail, "training")
 
 
-def _snapshot_terms(config: Config, total_params: int, b: int) -> list[MemoryTerm]:
+def _snapshot_terms(config: Config, num_params: int, b: int, what: str) -> list[MemoryTerm]:
     """Asynchronous collection on a thread (rollout.max_staleness >= 1): after each step
-    the trainer clones the whole policy in the compute dtype on its GPU for the
-    collector; the newest copy waits for the engine while the next is being made, so up
-    to two are alive, during training too. (A collector process receives CPU tensors.)"""
+    the trainer clones the whole policy (a LoRA run: its adapter) in the compute dtype on
+    its GPU for the collector; the newest copy waits for the engine while the next is
+    being made, so up to two are alive, during training too. (A collector process
+    receives CPU tensors.)"""
     if config.rollout.max_staleness == 0 or config.rollout.collector != "thread":
         return []
-    return [MemoryTerm("weight snapshots", 2 * b * total_params,
-                       f"up to 2 copies of the policy in the compute dtype for the "
-                       f"asynchronous collector ({_count(total_params)} params × {b} B × 2)")]
+    return [MemoryTerm("weight snapshots", 2 * b * num_params,
+                       f"up to 2 copies of the {what} in the compute dtype for the "
+                       f"asynchronous collector ({_count(num_params)} params × {b} B × 2)")]
 
 
 def _engine_shares(config: Config, args: ModelArgs, gpu_bytes: float,
@@ -317,6 +392,12 @@ def _engine_shares(config: Config, args: ModelArgs, gpu_bytes: float,
     weights, kv = share.weight_bytes_per_replica, share.kv_cache_bytes_per_replica
     slots = config.rollout.max_concurrent_rollouts
     max_len = engine_max_len(config, args.max_position_embeddings)
+    what = "the built-in engine's weights"
+    adapters = num_adapter_values(args, config.model.lora)
+    if adapters:  # LoRA: the frozen base plus up to max_staleness + 1 live adapter versions
+        versions = config.rollout.max_staleness + 1
+        weights += versions * adapters * b
+        what += f" (base) and {versions} adapter version(s)"
     if config.rollout.max_staleness > 0:  # it generates the next collection meanwhile
         kv_term = MemoryTerm("engine KV cache", kv, f"{slots} slots × {max_len} tokens (the "
                              "longest thread's request); in use while training "
@@ -324,7 +405,7 @@ def _engine_shares(config: Config, args: ModelArgs, gpu_bytes: float,
     else:
         kv_term = MemoryTerm("engine KV cache", kv, f"{slots} slots × {max_len} tokens (the "
                              "longest thread's request); freed while training", "generation")
-    return [MemoryTerm("engine model copy", weights, "the built-in engine's weights"), kv_term]
+    return [MemoryTerm("engine model copy", weights, what), kv_term]
 
 
 def _with(config: Config, section: str, **changes: object) -> Config:
@@ -372,6 +453,13 @@ def _suggestions(config: Config, args: ModelArgs, plan: MemoryPlan) -> list[str]
         if util >= 0.1:
             out.append(f"rollout.vllm_args.gpu_memory_utilization = {util:.2f} (a smaller "
                        "KV cache: fewer concurrent rollouts in vLLM)")
+    if config.model.lora is None:
+        from agentrl.config import LoRAConfig
+
+        lora = _with(config, "model", lora=LoRAConfig())
+        if _plan(lora, args, plan.gpu_bytes, plan.num_ranks).fits:
+            out.append("[model.lora] (rank 16 on every projection: the base frozen, "
+                       "adapters trained; docs/lora.md)")
     for ranks in (2, 4, 8, 16, 32, 64):
         if ranks > plan.num_ranks and _plan(config, args, plan.gpu_bytes, ranks).fits:
             out.append(f"{ranks} training ranks (--ranks {ranks}; FSDP2 shards the states)")

@@ -23,6 +23,18 @@ KNOWN_SHAPES: dict[str, ModelArgs] = {
         rope_theta=1000000.0, tie_word_embeddings=False, attention_bias=True,
         max_position_embeddings=32768,
     ),
+    "Qwen2.5-14B": ModelArgs(
+        model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=13824,
+        num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+        rope_theta=1000000.0, tie_word_embeddings=False, attention_bias=True,
+        max_position_embeddings=32768,
+    ),
+    "Qwen2.5-32B": ModelArgs(
+        model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=27648,
+        num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+        rope_theta=1000000.0, tie_word_embeddings=False, attention_bias=True,
+        max_position_embeddings=32768,
+    ),
 }
 
 

@@ -21,7 +21,7 @@ shard it, and rank 0 alone reads the Hugging Face checkpoint and broadcasts each
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -68,7 +68,8 @@ def shard_model(model: nn.Module, compute: torch.dtype | None, device: torch.dev
 
 def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: torch.dtype,
                  compute: torch.dtype, attention: str, device: torch.device,
-                 trained: bool = True) -> nn.Module:
+                 trained: bool = True,
+                 prepare: Callable[[nn.Module], object] | None = None) -> nn.Module:
     """The CausalLM of a Hugging Face folder, sharded over all ranks on ``device``
     (collective). ``state`` holds the whole checked state dict on rank 0 (read it there
     first, e.g. with ``groups.run_on_main``) and nothing on the other ranks, which need
@@ -76,6 +77,8 @@ def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: 
 
     Parameters are stored in ``param_dtype`` (fp32 master weights for the policy; the
     compute dtype for a frozen reference, ``trained`` False) and computed in ``compute``.
+    ``prepare`` changes the model before it is sharded (LoRA adds its fp32 adapters and
+    freezes the base): each tensor of ``state`` is then stored in its parameter's own dtype.
     """
     from agentrl.model import CausalLM, read_args
     from agentrl.model.checkpoint import fresh_inv_freq
@@ -84,11 +87,15 @@ def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: 
     with torch.device("meta"):
         model = CausalLM(args, attention=attention)
     model = model.to(param_dtype)
-    shard_model(model, None if compute == param_dtype else compute, device, trained)
+    if prepare is not None:
+        prepare(model)
+    dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+    mixed = any(dtype != compute for dtype in dtypes.values())
+    shard_model(model, compute if mixed else None, device, trained)
     model.to_empty(device=device)
     if args.tie_word_embeddings:  # to_empty gives the head a tensor of its own: re-tie
         model.lm_head.weight = model.model.embed_tokens.weight
-    state = {k: v.to(param_dtype) for k, v in state.items()}
+    state = {k: v.to(dtypes.get(k, param_dtype)) for k, v in state.items()}
     set_model_state_dict(model, state, options=StateDictOptions(
         full_state_dict=True, broadcast_from_rank0=True, strict=False))
     model.inv_freq = fresh_inv_freq(args).to(device)
@@ -101,12 +108,16 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         full_state_dict=True, cpu_offload=True))
 
 
-def iter_full_parameters(model: nn.Module, dtype: torch.dtype | None = None
+def iter_full_parameters(model: nn.Module, dtype: torch.dtype | None = None,
+                         select: Callable[[str], bool] | None = None
                          ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, whole tensor) for each parameter, gathered ONE at a time (collective: every
     rank must iterate to the end). A tied head is yielded once, under the embedding's name.
+    ``select``: only the parameters whose name it accepts are gathered (LoRA: adapters).
     """
     for name, param in model.named_parameters():
+        if select is not None and not select(name):
+            continue
         tensor = param.detach() if dtype is None else param.detach().to(dtype)  # cast the
         if isinstance(tensor, DTensor):  # shard first: the gather moves dtype-sized bytes
             tensor = tensor.full_tensor()

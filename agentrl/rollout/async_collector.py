@@ -7,7 +7,9 @@ step order; the collection of step ``s`` starts only once the engine holds weigh
 version ``>= s - 1 - k`` (step ``s`` trains version ``s - 1``), so no trained token is
 more than k versions old. Before each collection the engine takes the newest weights the
 trainer published; with ``rollout.inflight_updates`` it takes them as soon as they arrive,
-between two decode steps, and running rollouts continue under them.
+between two decode steps, and running rollouts continue under them. A LoRA engine
+(``keeps_adapter_versions``) takes each adapter version as soon as it arrives: requests
+already running finish on the adapter they started with, new ones take the newest.
 
 The trainer asks :meth:`AsyncCollector.next_collection` for step ``s`` and gets it once
 complete (oldest weights first: collections are trained in the order they were started);
@@ -206,8 +208,9 @@ class AsyncCollector:
         start = time.perf_counter()
         while True:
             self._weights_arrived.clear()
-            if not self._validations:
-                self._apply_pending(in_flight=False)
+            keeps = self._keeps_versions()  # LoRA: running requests keep their adapter
+            if keeps or not self._validations:
+                self._apply_pending(in_flight=keeps)
                 if engine_version(self.engine) >= oldest_allowed:
                     return time.perf_counter() - start
             await self._weights_arrived.wait()
@@ -217,7 +220,7 @@ class AsyncCollector:
         in-flight updates are on (a loop callback runs between two decode steps)."""
         if self._pending is None or version > self._pending[0]:
             self._pending = (version, snapshot)
-        if self.inflight_updates:
+        if self.inflight_updates or self._keeps_versions():
             self._apply_pending(in_flight=True)
         assert self._weights_arrived is not None
         self._weights_arrived.set()
@@ -228,6 +231,11 @@ class AsyncCollector:
         version, snapshot = self._pending
         self._pending = None
         self.engine.update_weights(snapshot.items(), version, in_flight=in_flight)
+
+    def _keeps_versions(self) -> bool:
+        """A LoRA engine installs each adapter version beside the ones running requests
+        use: new adapters go in at once, whatever runs (``agentrl.engines.adapters``)."""
+        return bool(getattr(self.engine, "keeps_adapter_versions", False))
 
     def _cancel(self) -> None:
         if self._task is not None:

@@ -5,6 +5,8 @@ Layout of ``RUN_DIR/checkpoints/step_N/``::
     config.json, model.safetensors, tokenizer.json, ...   the policy's fp32 master weights
                                                           in Hugging Face format (loadable
                                                           by transformers and vLLM)
+      or, with [model.lora]: adapter_config.json,       the adapter alone (fp32) in PEFT's
+      adapter_model.safetensors, tokenizer.json, ...    format; the base stays in its folder
     trainer_state.json   step and cumulative counters, sampler and RNG state (python, numpy)
     optimizer/           AdamW state as each rank's shards (torch.distributed.checkpoint);
                          a resume may use another rank count (DCP reshards)
@@ -97,17 +99,19 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     tokenizer_dir: str | Path | None = None,
+    lora: Any = None,
 ) -> Path:
     """Write ``step_<state.step>`` atomically (collective: call on every rank); returns it.
 
     ``tokenizer_dir`` is the folder the model was loaded from: its tokenizer files are
-    copied so that the checkpoint is a complete Hugging Face folder.
+    copied so that the checkpoint is a complete Hugging Face folder. ``lora`` (the run's
+    LoRAConfig): write the adapter alone, as a PEFT folder naming ``tokenizer_dir`` (the
+    base) as its base model.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     from agentrl.model.checkpoint import save_state_dict
-    from agentrl.parallel.fsdp import full_state_dict
     from agentrl.parallel.groups import broadcast_object, get_rank
 
     final = step_dir(run_dir, state.step)
@@ -118,12 +122,17 @@ def save_checkpoint(
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{state.step}-", dir=final.parent))
     tmp = Path(broadcast_object(str(tmp) if tmp else None))
     try:
-        weights = full_state_dict(model)  # on rank 0's CPU, one parameter at a time
+        weights = _weights_to_save(model, lora)  # on rank 0's CPU, one at a time
         dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)},
                  checkpoint_id=tmp / OPTIMIZER_DIR)
         if not is_main:
             return final
-        save_state_dict(model.config, weights, tmp, "float32")
+        if lora is not None:
+            from agentrl.model.peft_format import save_adapter
+
+            save_adapter(tmp, weights, lora, Path(tokenizer_dir or ""))
+        else:
+            save_state_dict(model.config, weights, tmp, "float32")
         del weights
         copy_tokenizer_files(tokenizer_dir, tmp)
         capture_rng(state)
@@ -139,6 +148,19 @@ def save_checkpoint(
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _weights_to_save(model: torch.nn.Module, lora: Any) -> dict[str, torch.Tensor]:
+    """The full fp32 state dict (rank 0), or with LoRA the adapter tensors alone
+    (collective either way)."""
+    from agentrl.parallel.fsdp import full_state_dict, iter_full_parameters
+
+    if lora is None:
+        return full_state_dict(model)
+    from agentrl.model.lora import is_adapter
+
+    return {name: tensor.to("cpu") for name, tensor in
+            iter_full_parameters(model, torch.float32, select=is_adapter)}
 
 
 def copy_tokenizer_files(src: str | Path | None, dst: Path) -> None:

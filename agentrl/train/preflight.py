@@ -322,9 +322,37 @@ def check_trackers(pf: Preflight) -> str:
     return f"trackers: {', '.join(name for name, _ in wanted) or 'none'} (besides metrics.jsonl)"
 
 
+def check_lora(pf: Preflight) -> str:
+    """``[model.lora]``: its target_modules select projections of this model (the same
+    rule training applies), and how much of the model trains."""
+    lora = pf.config.model.lora
+    if lora is None:
+        return "weights: every weight trains (no [model.lora])"
+    import torch
+
+    from agentrl.model import CausalLM, ModelArgs, read_args
+    from agentrl.model.lora import count_adapter_parameters, target_names
+
+    folder = pf.model.folder
+    args = read_args(folder) if folder else ModelArgs(  # the tiny built-in model's shape
+        vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_bias=True,
+        tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = CausalLM(args, attention="torch")
+    try:
+        names = target_names(model, lora)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    total = sum(p.numel() for p in model.parameters())
+    adapters = count_adapter_parameters(args, lora)
+    return (f"LoRA: rank {lora.rank} on {len(names)} projections, {adapters:,} adapter "
+            f"parameters ({100 * adapters / total:.2f}% of the model); the base is frozen")
+
+
 CHECKS: list[Check] = [check_environments, check_model, check_positions,
                        check_micro_batch_budget, check_context_budget, check_compact_tool,
-                       check_threads, check_trackers]
+                       check_threads, check_trackers, check_lora]
 """The plan-time checks, in order."""
 
 

@@ -30,6 +30,7 @@ from agentrl.config.schedule import effective_lr
 from agentrl.engines.router import EngineRouter
 from agentrl.memory.plan import resolve_activation_checkpointing
 from agentrl.model.attention import use_deterministic_kernels
+from agentrl.model.lora import is_adapter
 from agentrl.observe.tracking import tracking_writers
 from agentrl.observe.writers import JsonlWriter, MultiWriter, build_writers
 from agentrl.packing import CostModel
@@ -170,10 +171,11 @@ class Run:
 
     def first_sync(self) -> None:
         """At start (or resume): replicas that loaded the folder themselves serve version
-        ``state.step``; servers started elsewhere are sent the weights (collective)."""
+        ``state.step``; servers started elsewhere are sent the weights (collective). A
+        LoRA run always sends its adapter (the replicas loaded only the base)."""
         # rank 0: the replicas, or the collector process that holds them
         serving = self.engine if self.engine is not None else self.collector
-        needed = groups.broadcast_object(
+        needed = self.config.model.lora is not None or groups.broadcast_object(
             serving.needs_initial_sync if self.is_main else None, self.process_group)
         if needed:
             self.sync_weights(version=self.state.step)
@@ -183,8 +185,10 @@ class Run:
     def sync_weights(self, version: int | None = None) -> None:
         """Push the policy to every inference replica, gathered one parameter at a time in
         the engines' dtype (collective: every rank takes part in each gather; rank 0's
-        router buckets and sends them). ``version`` defaults to the served version + 1."""
-        tensors = iter_full_parameters(self.model, self.compute_dtype)
+        router buckets and sends them). ``version`` defaults to the served version + 1.
+        A LoRA run sends its adapter tensors only."""
+        select = is_adapter if self.config.model.lora is not None else None
+        tensors = iter_full_parameters(self.model, self.compute_dtype, select)
         if self.collector is not None:  # generating meanwhile: hand over a snapshot
             with groups.one_communicator_at_a_time():  # the gathers, not beside a sync
                 snapshot = {name: tensor.clone() for name, tensor in tensors}
@@ -263,7 +267,7 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
     initial_dir, model_dir, checkpoint = groups.broadcast_object(
         found[:3] if is_main else None, group)
     state_dict = found[3] if is_main else {}
-    model = load_sharded(model_dir, state_dict, torch.float32, compute, attention, device)
+    model = load_policy(config, model_dir, state_dict, compute, attention, device)
     del state_dict
     reference = None
     if config.loss.kl_coef != 0.0:  # the initial policy, also when resuming
@@ -349,8 +353,26 @@ def _model_folders(config: Config, run_dir: Path, resume: bool
                          "to start a new run there")
     run_dir.mkdir(parents=True, exist_ok=True)
     initial_dir = resolve_model_dir(config, run_dir)
+    if config.model.lora is not None:  # the frozen base, and the adapter to train
+        from agentrl.train.lora import adapter_state
+
+        adapters = adapter_state(config.model.lora, initial_dir, checkpoint, config.train.seed)
+        return initial_dir, initial_dir, checkpoint, read_model_state(initial_dir) | adapters
     model_dir = Path(checkpoint or initial_dir)
     return initial_dir, model_dir, checkpoint, read_model_state(model_dir)
+
+
+def load_policy(config: Config, model_dir: Path, state: dict[str, torch.Tensor],
+                compute: torch.dtype, attention: str, device: torch.device) -> Any:
+    """The policy, sharded over all ranks: fp32 master weights, or with ``[model.lora]``
+    the frozen base in the compute dtype plus fp32 adapters (collective)."""
+    lora = config.model.lora
+    if lora is None:
+        return load_sharded(model_dir, state, torch.float32, compute, attention, device)
+    from agentrl.model.lora import add_adapters
+
+    return load_sharded(model_dir, state, compute, compute, attention, device,
+                        prepare=lambda model: add_adapters(model, lora))
 
 
 def read_model_state(model_dir: Path) -> dict[str, torch.Tensor]:

@@ -93,7 +93,8 @@ def train(run: Run) -> TrainerState:
             if last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
                 run.state.sampler = run.sampler_state()
                 save_checkpoint(run.run_dir, run.state, run.model, run.optimizer,
-                                run.scheduler, tokenizer_dir=run.tokenizer_dir)
+                                run.scheduler, tokenizer_dir=run.tokenizer_dir,
+                                lora=run.config.model.lora)
         run.on_main("finished", lambda: None)  # ranks leave once rank 0 wrote everything
     finally:
         run.close()
