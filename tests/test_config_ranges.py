@@ -88,6 +88,9 @@ OUT_OF_RANGE = [
     ("log.rollouts_every", -1, "an integer >= 0"),
     ("log.rollouts_random_per_env", -2, "an integer >= 0"),
     ("train.wait_for_rank0_timeout_s", -5.0, "a finite number > 0"),
+    ("model.lora.rank", 0, "an integer >= 1"),
+    ("model.lora.alpha", 0.0, "a finite number > 0"),
+    ("model.lora.dropout", 1.0, "a finite number in [0, 1)"),
 ]
 
 
