@@ -68,6 +68,11 @@ class Segment(msgspec.Struct):
     thread: str = MAIN_THREAD
     """The conversation this segment belongs to: ``MAIN_THREAD``, or the id of a thread
     listed in ``Rollout.threads``."""
+    boundary: str = ""
+    """Why an agent program's request started this row of its thread (docs/harnesses.md):
+    ``"harness_compaction:<reason>"`` (its prompt did not extend the previous one) or
+    ``"drift:edited_assistant"``; "" otherwise (a thread's first row, or the runner's own
+    compaction)."""
 
     @property
     def num_generated_tokens(self) -> int:
@@ -157,6 +162,14 @@ class RolloutStats(msgspec.Struct, omit_defaults=True):
     needed_facts: list[str] = []
     """What the task's answer needs from the conversation (``AgentEnv.needed_facts``);
     empty when the environment does not say."""
+    compaction_reasons: dict[str, int] = {}
+    """Agent programs (docs/harnesses.md): their compactions (counted in
+    ``num_compactions``) by reason: ``rewritten``, ``dropped_messages``, ``retry``,
+    ``tools_changed``."""
+    num_drift: int = 0
+    """Agent programs: requests that sent back an edited assistant message (drift that
+    cannot be bridged: each started a new row instead of training on tokens the model did
+    not generate)."""
 
 
 class Thread(msgspec.Struct, omit_defaults=True):
