@@ -7,6 +7,9 @@ A request names its *session* (one rollout) in one of three ways, first found wi
 - the header ``X-Agentrl-Session: <id>``;
 - the API key: ``Authorization: Bearer <id>`` (what ``OPENAI_API_KEY`` sends).
 
+``GET /v1/agentrl/session`` (same session rules) shows how the session's requests became
+rows so far: threads, rows, harness compactions with their reasons, drift.
+
 The session (``ChatSession``; the rollout side's recorder) turns the messages into
 prompt ids with the model's chat template and decides the sampling settings; the server
 generates token-in/token-out on the engine (the rollout's replica, by the session id as
@@ -41,7 +44,8 @@ from agentrl.engines.interface import Generation
 
 SESSION_HEADER = "x-agentrl-session"
 SESSION_PATH = re.compile(r"^/sessions/([^/]+)(/v1/.+)$")
-ROUTES = {("POST", "/v1/chat/completions"), ("GET", "/v1/models")}
+ROUTES = {("POST", "/v1/chat/completions"), ("GET", "/v1/models"),
+          ("GET", "/v1/agentrl/session")}
 
 
 class ChatSession(Protocol):
@@ -64,18 +68,25 @@ class ChatSession(Protocol):
         """A request of this session was refused for this reason."""
         ...
 
+    def describe(self) -> dict[str, Any]:
+        """How its requests became rows so far (``GET /v1/agentrl/session``)."""
+        ...
+
 
 class ChatServer:
     """Routes chat requests to their sessions and generates on ``engine``."""
 
     def __init__(self, engine: Any, tokenizer: Any, model_name: str,
-                 open_session: Callable[[str], ChatSession | None] | None = None) -> None:
+                 open_session: Callable[[str], ChatSession | None] | None = None,
+                 max_sessions: int = 4096) -> None:
         """``model_name``: the only model requests may name; ``open_session(id)``: a
-        session for an id not registered with :meth:`add` (None: refuse unknown ids)."""
+        session for an id not registered with :meth:`add` (None: refuse unknown ids), the
+        oldest of those forgotten past ``max_sessions``."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.open_session = open_session
+        self.max_sessions = max_sessions
         self.sessions: dict[str, ChatSession] = {}
         self.num_requests = 0
         self._ids = itertools.count()
@@ -107,6 +118,8 @@ class ChatServer:
         session = None
         try:
             session = self._session(session_id)
+            if path == "/v1/agentrl/session":
+                return Answer(200, session.describe())
             chat = parse_chat_request(_json(request.body))
             if chat.model != self.model_name:
                 raise ChatError(404, "model_not_found", f"the model {chat.model!r} is not "
@@ -129,6 +142,8 @@ class ChatServer:
             session = self.open_session(session_id)
             if session is not None:
                 self.sessions[session_id] = session
+                if len(self.sessions) > self.max_sessions:
+                    self.sessions.pop(next(iter(self.sessions)))
         if session is None:
             raise ChatError(401, "unknown_session", f"no session {session_id!r} is open "
                             "here (its rollout ended, or the key is not one agentrl gave)",

@@ -176,6 +176,11 @@ RequestHandler = Callable[[Request], Awaitable[Answer]]
 
 async def start_server(handler: Handler, host: str, port: int) -> asyncio.Server:
     """An asyncio HTTP server answering every request with ``handler``'s JSON."""
+    return await start_request_server(json_handler(handler), host, port)
+
+
+def json_handler(handler: Handler) -> RequestHandler:
+    """A :data:`RequestHandler` calling a JSON :data:`Handler` with the decoded body."""
 
     async def adapt(request: Request) -> Answer:
         try:
@@ -185,7 +190,7 @@ async def start_server(handler: Handler, host: str, port: int) -> asyncio.Server
         return Answer(*await handler(request.method, request.target, payload,
                                      request.disconnected))
 
-    return await start_request_server(adapt, host, port)
+    return adapt
 
 
 async def start_request_server(handler: RequestHandler, host: str | None, port: int | None,

@@ -18,6 +18,7 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from agentrl.config import EndpointConfig, RolloutConfig
@@ -129,3 +130,25 @@ class HarnessEndpoint:
             except RuntimeError:  # its loop is closed already
                 pass
         self._listeners = []
+
+
+def serving_sessions(engine: Any, tokenizer: Any, rollout: RolloutConfig
+                     ) -> Callable[[str], HarnessSession]:
+    """Sessions opened on first use, for `agentrl serve` (no training): any id is a
+    session, the request's temperature, top_p and seed are honoured (defaults: the
+    config's), the config's per-request and per-session token budgets apply."""
+    stop_ids = (tokenizer.eos_token_id,)
+
+    def sampling(index: int, request: ChatRequest, max_tokens: int) -> SamplingParams:
+        return SamplingParams(
+            temperature=rollout.temperature if request.temperature is None
+            else request.temperature, top_p=rollout.top_p if request.top_p is None
+            else request.top_p, max_tokens=max_tokens, stop_token_ids=stop_ids,
+            stop=request.stop, seed=request.seed)
+
+    def open_session(session_id: str) -> HarnessSession:
+        limits = SessionLimits(2**31, rollout.max_new_tokens, 2**62)
+        return HarnessSession(session_id, tokenizer, limits, sampling,
+                              lambda g: generation_versions(g, engine))
+
+    return open_session

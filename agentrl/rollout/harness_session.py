@@ -215,6 +215,23 @@ class HarnessSession:
         """Every row of every thread, thread by thread (after :meth:`close`)."""
         return [row for thread in self.threads for row in thread.rows]
 
+    def describe(self) -> dict[str, Any]:
+        """How the requests became rows so far (also the row still open)."""
+        threads = []
+        for thread in self.threads:
+            rows = [(r.boundary, len(r.token_ids), r.num_generated_tokens) for r in thread.rows]
+            if thread.row is not None:
+                rows.append((thread.boundary, len(thread.row), sum(thread.row.loss_mask)))
+            threads.append({**msgspec.to_builtins(thread.meta), "rows": [
+                {"boundary": b, "num_tokens": n, "num_generated_tokens": g}
+                for b, n, g in rows]})
+        return {"session": self.session_id, "num_requests": self.num_requests,
+                "num_completions": self.num_completions,
+                "num_generated_tokens": self.num_generated_tokens,
+                "compactions": dict(self.compactions), "num_drift": self.num_drift,
+                "failure": None if self.failure is None else list(self.failure),
+                "threads": threads}
+
     def thread_tree(self) -> list[Thread]:
         """The threads besides the main one that produced rows, for ``Rollout.threads``."""
         return [t.meta for t in self.threads[1:] if t.rows]
@@ -312,7 +329,8 @@ class HarnessSession:
             thread = ThreadState(
                 f"t{len(self.threads)}", parent=parent.thread_id,
                 depth=parent.meta.depth + 1,
-                origin="concurrent request" if concurrent else "new conversation")
+                origin=("the endpoint concurrently" if concurrent
+                        else "the endpoint with another conversation"))
         self.threads.append(thread)
         return thread
 
