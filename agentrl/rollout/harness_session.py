@@ -11,10 +11,11 @@ generated (:meth:`~HarnessSession.finish`). A request goes to a *thread*:
   extend that thread's row exactly. The new ids are only the template's delta after the
   generated tokens (``agentrl.rollout.context``), so the row is exactly what the engine
   saw;
-- otherwise, when an idle thread began with the same first message, it starts a **new
-  row** of that thread: a *harness compaction* (``rewritten``, ``dropped_messages``,
-  ``retry``, ``tools_changed``), or *drift* when the program edited an assistant message
-  the model generated (never trained on: the edited text is prompt in the new row);
+- otherwise, when an idle thread began with the same head (the messages up to the first
+  user message: system prompt and task), it starts a **new row** of that thread: a
+  *harness compaction* (``rewritten``, ``dropped_messages``, ``retry``,
+  ``tools_changed``), or *drift* when the program edited an assistant message the model
+  generated (never trained on: the edited text is prompt in the new row);
 - otherwise (a concurrent request, or another conversation) it starts a **new thread**.
 
 Assistant messages the program sends back are matched to the ids generated for them
@@ -251,7 +252,8 @@ class HarnessSession:
             if row is not None and len(prompt_ids) > len(row) and (
                     prompt_ids[:len(row)] == row.token_ids):
                 return Placement(thread, prompt_ids, context, len(prompt_ids))
-        owner = max((t for t in idle if t.sent and t.sent[0] == messages[0]),
+        head = _head_length(messages)
+        owner = max((t for t in idle if _common(t.history(), messages) >= head),
                     key=lambda t: _common(t.history(), messages), default=None)
         if owner is not None:
             boundary = self._boundary(owner, messages, tools)
@@ -305,7 +307,8 @@ class HarnessSession:
             reason = "tools_changed"
         elif k == len(messages):
             reason = "retry"
-        elif _is_subsequence(messages[:-1], before):
+        elif len(messages) - 1 > _head_length(messages) and _is_subsequence(
+                messages[:-1], before):  # later turns kept, earlier ones left out
             reason = "dropped_messages"
         else:
             reason = "rewritten"
@@ -333,6 +336,15 @@ class HarnessSession:
                         else "the endpoint with another conversation"))
         self.threads.append(thread)
         return thread
+
+
+def _head_length(messages: list[dict[str, Any]]) -> int:
+    """Messages up to the first user message (system prompt and task): a request that
+    keeps them continues that conversation; one that does not is another conversation."""
+    for index, message in enumerate(messages):
+        if message.get("role") == "user":
+            return index + 1
+    return 1
 
 
 def _tools(thread: ThreadState) -> Any:
