@@ -1,9 +1,11 @@
 """Harnesses that go wrong in each way the endpoint must survive. They import nothing
 from agentrl; each is chosen per rollout by the end of its id (see ``run``)."""
 
+import json
 import time
+import urllib.error
+import urllib.request
 
-import httpx
 from openai import OpenAI
 
 
@@ -41,9 +43,13 @@ def foreign_model(task: dict, config: dict) -> str:
 
 def malformed(task: dict, config: dict) -> str:
     # not JSON at all, straight over HTTP: the endpoint answers an OpenAI error object
-    answer = httpx.post(config["base_url"] + "/chat/completions", content=b"{not json",
-                        headers={"Authorization": f"Bearer {config['api_key']}"})
-    assert answer.json()["error"]["code"] == "invalid_json", answer.text
+    request = urllib.request.Request(
+        config["base_url"] + "/chat/completions", data=b"{not json", method="POST",
+        headers={"Authorization": f"Bearer {config['api_key']}"})
+    try:
+        urllib.request.urlopen(request)
+    except urllib.error.HTTPError as exc:
+        assert json.load(exc)["error"]["code"] == "invalid_json"
     return "done"
 
 
