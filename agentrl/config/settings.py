@@ -329,6 +329,9 @@ class HarnessConfig(_Section):
     network but the endpoint (docs/security.md)."""
     cwd: str = ""
     """``command``: the working folder (relative to where agentrl runs); "": that folder."""
+    env: dict[str, str] = {}
+    """``command``: more environment variables (in the sandbox, its whole environment is
+    these, PATH, HOME, LANG and the endpoint's)."""
     timeout_s: PositiveFloat | None = None
     """Seconds the program may run in one rollout before it is killed and the rollout is
     invalid (``harness_timeout``); > 0; None: rollout.rollout_timeout_s."""

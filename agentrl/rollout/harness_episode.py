@@ -168,7 +168,8 @@ def _command_line(harness: HarnessConfig, task: dict[str, Any], client: dict[str
                   endpoint: HarnessEndpoint, own_dir: str
                   ) -> tuple[list[str], dict[str, str], dict[str, Any]]:
     """argv, environment and extra Popen keywords of the program (sandboxed or not)."""
-    env = {"OPENAI_BASE_URL": client["base_url"], "OPENAI_API_KEY": client["api_key"],
+    env = {**harness.env, "OPENAI_BASE_URL": client["base_url"],
+           "OPENAI_API_KEY": client["api_key"],
            "OPENAI_MODEL": client["model"], "AGENTRL_TASK": json.dumps(task),
            "AGENTRL_ANSWER_FILE": os.path.join(own_dir, ANSWER_FILE)}
     if not harness.sandbox:

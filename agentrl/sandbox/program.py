@@ -6,16 +6,16 @@ read-only (its interpreter and packages, nothing writable), a private ``/tmp``, 
 working folder read-only, a clean environment, and no network: inside its own network
 namespace a small forwarder listens on ``127.0.0.1:8000`` and carries each connection to
 the endpoint's Unix socket, bound in from the host. It runs as ``nobody`` when the
-trainer is root; ``--die-with-parent`` ties it to the trainer.
+trainer is root (so its program and interpreter must be readable by others: not under
+/root); ``--die-with-parent`` ties it to the trainer.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 from agentrl.sandbox.bwrap import find_bwrap, host_uid
-from agentrl.sandbox.interpreter import NOBODY
+from agentrl.sandbox.interpreter import NOBODY, sandbox_interpreter
 from agentrl.sandbox.types import SandboxUnavailableError
 
 INSIDE = "/tmp/agentrl"
@@ -76,8 +76,13 @@ def sandboxed_program(command: list[str], socket_path: str, own_dir: str, cwd: s
                    "LANG": "C.UTF-8", **env}
     for key, value in environment.items():
         argv += ["--setenv", key, value]
-    argv += ["--", sys.executable, "-c", FORWARDER, SOCKET_INSIDE, str(PORT_INSIDE),
-             *command]
+    interpreter = sandbox_interpreter(host_uid())
+    if interpreter is None:
+        raise SandboxUnavailableError(f"harness.sandbox = true: no Python the sandbox's uid "
+                                      f"{host_uid()} can run (for its endpoint forwarder); "
+                                      "fix: install python3 where others can read it")
+    argv += ["--", interpreter.executable, "-I", "-c", FORWARDER, SOCKET_INSIDE,
+             str(PORT_INSIDE), *command]
     as_nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
     return argv, as_nobody if host_uid() != os.geteuid() else {}
 
