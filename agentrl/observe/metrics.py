@@ -191,7 +191,7 @@ def harness_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, 
     only where some occurred."""
     reasons: dict[str, int] = defaultdict(int)
     for rollout in rollouts:
-        for reason, count in rollout.stats.compaction_reasons.items():
+        for reason, count in rollout.stats.harness_compactions().items():
             reasons[reason] += count
     out = {f"{prefix}harness_compactions/{r}": float(c) for r, c in sorted(reasons.items())}
     drift = sum(r.stats.num_drift for r in rollouts)

@@ -37,7 +37,7 @@ from agentrl.rollout.harness_endpoint import HarnessEndpoint
 from agentrl.rollout.harness_session import HarnessSession
 from agentrl.rollout.multi_turn import RolloutSpec
 from agentrl.text import brief
-from agentrl.types import Rollout, RolloutStats, as_dicts
+from agentrl.types import Compaction, Rollout, RolloutStats, Segment, as_dicts
 
 ANSWER_FILE = "answer.txt"
 
@@ -80,10 +80,11 @@ def _rollout(spec: RolloutSpec, session: HarnessSession | None, reward: float,
     segments, threads = [], []
     if session is not None:
         segments, threads = session.segments(), session.thread_tree()
+        compactions = harness_compactions(segments)
         stats = RolloutStats(
-            num_turns=session.num_completions, num_compactions=sum(session.compactions.values()),
+            num_turns=session.num_completions, num_compactions=len(compactions),
             num_generated_tokens=sum(s.num_generated_tokens for s in segments),
-            compaction_reasons=dict(session.compactions), num_drift=session.num_drift)
+            compactions=compactions, num_drift=session.num_drift)
     scaled = reward * spec.reward_scale
     if failure is None and not math.isfinite(scaled):
         failure = EnvError("bad_reward", f"env {spec.env!r}: reward {reward!r} x reward_scale "
@@ -94,6 +95,15 @@ def _rollout(spec: RolloutSpec, session: HarnessSession | None, reward: float,
     return Rollout(rollout_id=spec.rollout_id, group_id=spec.group_id, env=spec.env,
                    segments=segments, reward=scaled, valid=failure is None, stats=stats,
                    reward_components=components, threads=threads), failure
+
+
+def harness_compactions(segments: list[Segment]) -> list[Compaction]:
+    """A compaction (cause "harness", its reason as the strategy) for every row that a
+    request not extending its thread's previous one started; ``segment`` is the row
+    before it (the same thread's: a session lists its rows thread by thread)."""
+    return [Compaction("harness", segment.boundary.partition(":")[2], index - 1)
+            for index, segment in enumerate(segments)
+            if segment.boundary.startswith("harness_compaction:")]
 
 
 async def run_program(harness: HarnessConfig, task: dict[str, Any], endpoint: HarnessEndpoint,

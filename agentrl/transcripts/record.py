@@ -138,7 +138,7 @@ def build_record(
     rows = [_row_record(index, segment, row_advantages.get(index, 0.0), tokenizer)
             for index, segment in enumerate(rollout.segments)]
     for compaction in stats.compactions:  # the runner's own: say what it kept
-        if compaction.segment + 1 < len(rows):
+        if compaction.cause != "harness" and compaction.segment + 1 < len(rows):
             rows[compaction.segment + 1].compaction = compaction_note(
                 compaction.segment + 1, compaction)
     return RolloutRecord(
@@ -153,7 +153,7 @@ def build_record(
         policy_versions=sorted({v for r in rows for v in r.policy_versions}), rows=rows,
         needed_facts=list(stats.needed_facts),
         threads=list(rollout.threads),
-        compaction_reasons=dict(stats.compaction_reasons), num_drift=stats.num_drift,
+        compaction_reasons=stats.harness_compactions(), num_drift=stats.num_drift,
     )
 
 

@@ -53,9 +53,12 @@ def test_a_harness_that_rewrites_its_history_gives_rows_of_one_rollout(tiny_dir)
     r0, r1, r2 = by_id["r0"], by_id["r1"], by_id["r2"]
     # 6 requests with rewrites before requests 3 and 6: 3 rows; 3 requests: 2; 2: 1
     assert [len(r.segments) for r in (r0, r1, r2)] == [3, 2, 1]
-    assert r0.stats.num_compactions == 2 and r0.stats.compaction_reasons == {"rewritten": 2}
+    assert r0.stats.num_compactions == 2 and r0.stats.harness_compactions() == {"rewritten": 2}
     assert [s.boundary for s in r0.segments] == ["", "harness_compaction:rewritten",
                                                  "harness_compaction:rewritten"]
+    # the same records as the runner's compactions: each ends the row before it
+    assert [(c.cause, c.strategy, c.segment) for c in r0.stats.compactions] == [
+        ("harness", "rewritten", 0), ("harness", "rewritten", 1)]
     for rollout in (r0, r1, r2):
         assert rollout.valid
         assert_rows_hold_what_the_engine_saw(rollout, engine.calls)
@@ -74,6 +77,8 @@ def test_a_harness_that_rewrites_its_history_gives_rows_of_one_rollout(tiny_dir)
     assert compute_advantages(rows) == pytest.approx([2 / 3] * 3 + [-1 / 3] * 3)
     figures = rollout_figures([r0, r1, r2], "env/agent/")
     assert figures["env/agent/harness_compactions/rewritten"] == 3.0
+    assert figures["env/agent/compaction/compacted_share"] == pytest.approx(2 / 3)
+    assert figures["env/agent/compaction/by_budget/mean"] == 0.0
     record = build_record(r0, {0: 2 / 3, 1: 2 / 3, 2: 2 / 3}, tokenizer, 1, "best")
     assert [row.marker for row in record.rows][1].startswith("harness compaction (rewritten)")
 
