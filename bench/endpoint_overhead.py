@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import openai
 
 from agentrl.config import RolloutConfig
-from agentrl.engines.chat_server import ChatServer, start_chat_server
+from agentrl.engines.chat_server import ChatServer, serve_on_thread
 from agentrl.engines.interface import SamplingParams
 from agentrl.engines.torch_engine import TorchEngine
 from agentrl.model import build_tiny_checkpoint, load_pretrained, load_tokenizer
@@ -41,18 +40,8 @@ def start(folder: Path) -> tuple[TorchEngine, asyncio.AbstractEventLoop, int]:
     engine = TorchEngine(model, tokenizer, max_batch_size=4, max_len=2048)
     server = ChatServer(engine, tokenizer, "tiny",
                         serving_sessions(engine, tokenizer, RolloutConfig(max_new_tokens=64)))
-    loop, ready, port = asyncio.new_event_loop(), threading.Event(), []
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        listener = loop.run_until_complete(start_chat_server(server, "127.0.0.1", 0))
-        port.append(listener.sockets[0].getsockname()[1])
-        ready.set()
-        loop.run_forever()
-
-    threading.Thread(target=serve, daemon=True).start()
-    ready.wait()
-    return engine, loop, port[0]
+    loop, port = serve_on_thread(server)
+    return engine, loop, port
 
 
 def direct(engine, loop, calls: list[tuple[list[int], SamplingParams]]) -> tuple[float, int]:

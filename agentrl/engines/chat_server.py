@@ -218,6 +218,28 @@ async def start_chat_server(server: ChatServer, host: str | None, port: int | No
     return await start_request_server(server.handle, host, port, unix_path)
 
 
+def serve_on_thread(server: ChatServer, host: str = "127.0.0.1"
+                    ) -> tuple[asyncio.AbstractEventLoop, int]:
+    """Serve the endpoint from an event loop on a daemon thread of its own, on a free TCP
+    port (for a bench or a test that talks to it from this thread); the loop and port.
+    ``loop.call_soon_threadsafe(loop.stop)`` stops it."""
+    import threading
+
+    loop, ready, port = asyncio.new_event_loop(), threading.Event(), []
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        listener = loop.run_until_complete(start_chat_server(server, host, 0))
+        port.append(listener.sockets[0].getsockname()[1])
+        ready.set()
+        loop.run_forever()
+
+    threading.Thread(target=serve, daemon=True, name="chat-endpoint").start()
+    if not ready.wait(60):
+        raise RuntimeError("the chat endpoint did not start listening within 60 s")
+    return loop, port[0]
+
+
 def _session_and_path(request: Request) -> tuple[str | None, str]:
     path = urllib.parse.urlsplit(request.target).path
     match = SESSION_PATH.match(path)

@@ -6,14 +6,13 @@ objects, and the other rollouts of the same collection are fine."""
 from __future__ import annotations
 
 import json
-import threading
 import urllib.error
 import urllib.request
 
 import openai
 import pytest
 
-from agentrl.engines.chat_server import ChatServer, start_chat_server
+from agentrl.engines.chat_server import ChatServer, serve_on_thread
 from agentrl.engines.torch_engine import TorchEngine
 from agentrl.model import load_pretrained, load_tokenizer
 from agentrl.rollout.harness_endpoint import serving_sessions
@@ -43,7 +42,6 @@ def test_each_failure_invalidates_only_its_rollout_with_its_reason(tiny_dir) -> 
 @pytest.fixture(scope="module")
 def endpoint(tiny_dir):
     """`agentrl serve`'s chat routes on a thread: any API key is a session."""
-    import asyncio
 
     from agentrl.config import RolloutConfig
 
@@ -52,18 +50,8 @@ def endpoint(tiny_dir):
     engine = TorchEngine(model, tokenizer, max_batch_size=4, max_len=512)
     rollout = RolloutConfig(max_new_tokens=8)
     server = ChatServer(engine, tokenizer, "tiny", serving_sessions(engine, tokenizer, rollout))
-    loop, ready, port = asyncio.new_event_loop(), threading.Event(), []
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        listener = loop.run_until_complete(start_chat_server(server, "127.0.0.1", 0))
-        port.append(listener.sockets[0].getsockname()[1])
-        ready.set()
-        loop.run_forever()
-
-    threading.Thread(target=serve, daemon=True).start()
-    ready.wait(30)
-    yield f"http://127.0.0.1:{port[0]}", server
+    loop, port = serve_on_thread(server)
+    yield f"http://127.0.0.1:{port}", server
     loop.call_soon_threadsafe(loop.stop)
 
 
