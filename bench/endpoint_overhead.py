@@ -44,11 +44,13 @@ def start(folder: Path) -> tuple[TorchEngine, asyncio.AbstractEventLoop, int]:
     return engine, loop, port
 
 
-def direct(engine, loop, calls: list[tuple[list[int], SamplingParams]]) -> tuple[float, int]:
-    """Seconds for the same prompts and settings, one after another, and the tokens."""
+def direct(generate, loop, calls: list[tuple[list[int], SamplingParams]]
+           ) -> tuple[float, int]:
+    """Seconds for the same prompts and settings through the engine's own ``generate``,
+    one after another, and the tokens."""
     num_tokens, start_s = 0, time.perf_counter()
     for ids, params in calls:
-        num_tokens += len(asyncio.run_coroutine_threadsafe(engine.generate(ids, params), loop)
+        num_tokens += len(asyncio.run_coroutine_threadsafe(generate(ids, params), loop)
                           .result().token_ids)
     return time.perf_counter() - start_s, num_tokens
 
@@ -94,7 +96,7 @@ def main() -> None:
             calls.clear()
             generated[0] = 0
             served_s = through_endpoint(port, conversations, turns, args.tokens)
-            direct_s, direct_tokens = direct(engine, loop, list(calls))
+            direct_s, direct_tokens = direct(generate, loop, list(calls))
             assert direct_tokens == generated[0], "the two paths generated differently"
             n = len(calls)
             per_direct, per_served = 1e3 * direct_s / n, 1e3 * served_s / n
