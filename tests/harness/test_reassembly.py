@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from rich.console import Console
 
 from agentrl.advantage import compute_advantages
 from agentrl.envs.registry import make
 from agentrl.observe.metrics import rollout_figures
 from agentrl.reassembler import to_rows
 from agentrl.transcripts.record import build_record
+from agentrl.transcripts.terminal import render_records
 from agentrl.types import as_dicts
 from tests.harness.conftest import (
     AGENTS,
@@ -80,7 +82,7 @@ def test_a_harness_that_rewrites_its_history_gives_rows_of_one_rollout(tiny_dir)
     assert figures["env/agent/compaction/compacted_share"] == pytest.approx(2 / 3)
     assert figures["env/agent/compaction/by_budget/mean"] == 0.0
     record = build_record(r0, {0: 2 / 3, 1: 2 / 3, 2: 2 / 3}, tokenizer, 1, "best")
-    assert [row.marker for row in record.rows][1].startswith("harness compaction (rewritten)")
+    assert record.rows[1].compaction.startswith("harness compaction (rewritten)")
 
 
 def test_an_edited_assistant_message_is_drift_and_never_trained(tiny_dir) -> None:
@@ -101,7 +103,7 @@ def test_an_edited_assistant_message_is_drift_and_never_trained(tiny_dir) -> Non
     # counted per environment
     assert rollout_figures(result.rollouts, "env/agent/")["env/agent/harness_drift"] == 2.0
     record = build_record(result.rollouts[0], {}, tokenizer, 1, "best")
-    assert record.num_drift == 1 and record.rows[1].marker.startswith("drift (edited")
+    assert record.num_drift == 1 and record.rows[1].compaction.startswith("drift (edited")
 
 
 def test_concurrent_requests_of_one_session_are_threads_of_one_rollout(tiny_dir) -> None:
@@ -119,3 +121,9 @@ def test_concurrent_requests_of_one_session_are_threads_of_one_rollout(tiny_dir)
     rows = to_rows([rollout])
     assert {row.thread for row in rows} == {"main", "t1", "t2"}
     assert len(set(compute_advantages(rows))) == 1  # one advantage on every thread's rows
+    # inspect draws the tree: each other conversation after main's rows, with no answer line
+    console = Console(record=True, width=200)
+    render_records([build_record(rollout, {}, tokenizer, 1, "best")], console)
+    plain = console.export_text()
+    assert plain.count("← main called the endpoint") == 2 and "3 threads" in plain
+    assert "no answer" not in plain and "returned to" not in plain
