@@ -115,9 +115,12 @@ class HarnessEndpoint:
 
     async def close(self) -> None:
         """Stop listening (on the loop it listens on)."""
-        for listener in self._listeners:
-            listener.close()
-        self._listeners = []
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop listening, from the loop or once it no longer runs (a run's end), and
+        remove the Unix sockets' folder."""
+        self._close_listeners()
         self._loop = self._tcp = self._unix = None
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
