@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "harnesses.md"
 EXAMPLE = ROOT / "examples" / "harness"
 SMALL = ["--set", "train.num_steps=1", "--set", "batch.rollout_batch_size=4",
-         "--set", "batch.global_batch_size=32"]
+         "--set", "batch.n_samples_per_prompt=2", "--set", "batch.global_batch_size=8"]
+"""One step of 4 groups x 2 rollouts (the mix's 3 : 1 still splits the 4 groups)."""
 
 
 def test_the_example_files_are_the_pages_files() -> None:
@@ -52,7 +53,7 @@ def test_the_pages_commands_run(tmp_path, monkeypatch, capsys) -> None:
     printed = capsys.readouterr().out
     assert "harnesses: calc_agent runs" in printed  # plan checked the program
     alone, mixed = (read_metrics(out)[0] for out in outs)
-    assert alone["env/calc_agent/num_rollouts"] == 32 and alone["num_trainable_tokens"] > 0
+    assert alone["env/calc_agent/num_rollouts"] == 8 and alone["num_trainable_tokens"] > 0
     # by weight 3 : 1 in one run: 3 of the 4 groups are the program's
     assert mixed["env/calc_agent/num_groups"] == 3 and mixed["env/countdown/num_groups"] == 1
     assert mixed["env/calc_agent/num_trainable_tokens"] > 0
