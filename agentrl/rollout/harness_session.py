@@ -301,7 +301,8 @@ class HarnessSession:
         k = _common(before, messages)
         if (k < len(before) and k < len(messages) and before[k]["role"] == "assistant"
                 and messages[k].get("role") == "assistant"
-                and reply_key(before[k]) in self.replies):
+                and reply_key(before[k]) in self.replies
+                and reply_key(messages[k]) not in self.replies):  # not a reply moved up
             return "drift:edited_assistant"
         if tools != _tools(thread):
             reason = "tools_changed"

@@ -10,7 +10,7 @@ import itertools
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agentrl.engines.chat_api import ChatRequest, assistant_reply
@@ -89,6 +89,7 @@ def _text(n: int) -> str:
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
+@example(ops=["extend", "tool", "drop"])  # a kept reply lands where another reply stood
 def test_rows_hold_exactly_what_the_engine_saw(tokenizer, ops) -> None:
     harness = Harness(tokenizer)
     harness.ask(list(HEAD), _text(1))
