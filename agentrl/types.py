@@ -68,6 +68,11 @@ class Segment(msgspec.Struct):
     thread: str = MAIN_THREAD
     """The conversation this segment belongs to: ``MAIN_THREAD``, or the id of a thread
     listed in ``Rollout.threads``."""
+    boundary: str = ""
+    """Why an agent program's request started this row of its thread (docs/harnesses.md):
+    ``"harness_compaction:<reason>"`` (its prompt did not extend the previous one) or
+    ``"drift:edited_assistant"``; "" otherwise (a thread's first row, or the runner's own
+    compaction)."""
 
     @property
     def num_generated_tokens(self) -> int:
@@ -88,9 +93,15 @@ TRUNCATION_REASONS = ("context_budget", "max_turns", "max_rollout_tokens", "max_
 """
 
 
-COMPACTION_CAUSES = ("tool", "budget")
-"""Why a compaction happened: the policy called the ``compact`` tool, or the next turn's
-context would have passed ``compaction.max_context_tokens``."""
+COMPACTION_CAUSES = ("tool", "budget", "harness")
+"""Why a compaction happened: the policy called the ``compact`` tool, the next turn's
+context would have passed ``compaction.max_context_tokens``, or an agent program's request
+did not extend its previous one (docs/harnesses.md)."""
+
+
+HARNESS_COMPACTION_REASONS = ("rewritten", "dropped_messages", "retry", "tools_changed")
+"""Why an agent program's request started a new row of its thread: it replaced turns,
+left earlier turns out, sent the same messages again, or changed its tools."""
 
 
 class Compaction(msgspec.Struct, omit_defaults=True):
@@ -99,7 +110,8 @@ class Compaction(msgspec.Struct, omit_defaults=True):
     cause: str
     """One of ``COMPACTION_CAUSES``."""
     strategy: str
-    """What compacted: "tool" (the policy's own summary), "summarize" or "drop_oldest"."""
+    """What compacted: "tool" (the policy's own summary), "summarize" or "drop_oldest";
+    for the cause "harness", the reason: ``HARNESS_COMPACTION_REASONS``."""
     segment: int
     """Index of the segment (row) it ended; the next one starts from the compacted context."""
     summary: str | None = None
@@ -157,6 +169,18 @@ class RolloutStats(msgspec.Struct, omit_defaults=True):
     needed_facts: list[str] = []
     """What the task's answer needs from the conversation (``AgentEnv.needed_facts``);
     empty when the environment does not say."""
+    num_drift: int = 0
+    """Agent programs: requests that sent back an edited assistant message (drift that
+    cannot be bridged: each started a new row instead of training on tokens the model did
+    not generate)."""
+
+    def harness_compactions(self) -> dict[str, int]:
+        """An agent program's compactions by reason (empty for other rollouts)."""
+        reasons: dict[str, int] = {}
+        for compaction in self.compactions:
+            if compaction.cause == "harness":
+                reasons[compaction.strategy] = reasons.get(compaction.strategy, 0) + 1
+        return reasons
 
 
 class Thread(msgspec.Struct, omit_defaults=True):

@@ -91,6 +91,9 @@ OUT_OF_RANGE = [
     ("model.lora.rank", 0, "an integer >= 1"),
     ("model.lora.alpha", 0.0, "a finite number > 0"),
     ("model.lora.dropout", 1.0, "a finite number in [0, 1)"),
+    ("environments.0.harness.timeout_s", 0.0, "a finite number > 0"),
+    ("environments.0.harness.max_requests", 0, "an integer >= 1"),
+    ("endpoint.port", -1, "an integer >= 0"),
 ]
 
 

@@ -37,10 +37,12 @@ def doc_files(text: str) -> dict[str, str]:
 
 
 def doc_commands(text: str) -> list[list[str]]:
-    """Every ``agentrl ...`` line of the page's bash blocks, in order, without ``agentrl``."""
+    """Every ``agentrl ...`` line of the page's bash blocks, in order, without ``agentrl``
+    (and without a trailing ``# comment``)."""
     blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
     lines = [line.strip() for block in blocks for line in block.splitlines()]
-    return [shlex.split(line)[1:] for line in lines if line.startswith("agentrl ")]
+    return [shlex.split(line, comments=True)[1:] for line in lines
+            if line.startswith("agentrl ")]
 
 
 def unknown_commands(commands: list[list[str]]) -> list[str]:

@@ -2,7 +2,9 @@
 inference replica for a trainer elsewhere (``rollout.remote_engines`` there).
 
 With the built-in engine it serves ``model.path`` over HTTP (``agentrl.engines.server``):
-token ids in, token ids and log-probs out, weights pushed in by the trainer over gloo.
+token ids in, token ids and log-probs out, weights pushed in by the trainer over gloo; and,
+on the same port, the OpenAI-compatible ``/v1/chat/completions`` for agent programs
+(``agentrl.engines.chat_server``, docs/harnesses.md), each API key a session.
 With ``rollout.engine = "vllm"`` it runs ``vllm serve`` with the flags that make vLLM
 speak the same protocol (printed first, so they can be used by hand).
 """
@@ -66,8 +68,10 @@ def _serve_builtin(config: Any, args: argparse.Namespace) -> int:
     import torch
 
     from agentrl.engines.build import build_torch_replica, engine_dtype, engine_max_len
+    from agentrl.engines.chat_server import ChatServer, routed
     from agentrl.engines.server import EngineServer, serve_forever
     from agentrl.model import load_tokenizer, read_args
+    from agentrl.rollout.harness_endpoint import serving_sessions
     from agentrl.train.run import resolve_model_dir
 
     if args.threads > 0:
@@ -80,13 +84,18 @@ def _serve_builtin(config: Any, args: argparse.Namespace) -> int:
                                  engine_max_len(config, max_positions), gpus, index=0,
                                  dtype=engine_dtype(config))
     server = EngineServer(engine, tokenizer, model_name=model_dir.name)
+    chat = ChatServer(engine, tokenizer, model_dir.name,
+                      open_session=serving_sessions(engine, tokenizer, config.rollout))
 
     def ready(port: int) -> None:
         print(f"agentrl serve: {model_dir} on http://{args.host}:{port} "
-              f"(built-in engine, weight version {engine.weight_version})", flush=True)
+              f"(built-in engine, weight version {engine.weight_version}); agent programs: "
+              f"OPENAI_BASE_URL=http://{args.host}:{port}/v1 OPENAI_MODEL={model_dir.name}",
+              flush=True)
 
     try:
-        asyncio.run(serve_forever(server, args.host, args.port, ready))
+        asyncio.run(serve_forever(server, args.host, args.port, ready,
+                                  lambda handler: routed(chat, handler)))
     except KeyboardInterrupt:
         pass
     return 0

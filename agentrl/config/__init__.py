@@ -12,7 +12,9 @@ from agentrl.config.settings import (
     BatchConfig,
     CompactionConfig,
     Config,
+    EndpointConfig,
     EnvironmentConfig,
+    HarnessConfig,
     LogConfig,
     LoRAConfig,
     LossConfig,
@@ -27,7 +29,8 @@ from agentrl.config.settings import (
 
 __all__ = [
     "SEQUENCE_LEVEL_AGGREGATIONS", "AdvantageConfig", "BatchConfig", "CompactionConfig",
-    "Config", "ConfigError", "EnvironmentConfig", "LoRAConfig", "LogConfig", "LossConfig",
-    "MlflowConfig", "ModelConfig", "OptimConfig", "RolloutConfig", "TrainConfig", "WandbConfig",
+    "Config", "ConfigError", "EndpointConfig", "EnvironmentConfig", "HarnessConfig",
+    "LoRAConfig", "LogConfig", "LossConfig", "MlflowConfig", "ModelConfig", "OptimConfig",
+    "RolloutConfig", "TrainConfig", "WandbConfig",
     "config_from_dict", "load_config", "num_local_engines",
 ]

@@ -14,6 +14,7 @@ from agentrl.config.ranges import ConfigError, check_ranges
 from agentrl.config.settings import (
     SEQUENCE_LEVEL_AGGREGATIONS,
     Config,
+    HarnessConfig,
     LossConfig,
     RolloutConfig,
     num_local_engines,
@@ -134,6 +135,25 @@ def check_environments(config: Config) -> None:
         if name in names:
             raise ConfigError(f"two environments are named {name!r}; set a distinct `name`")
         names.add(name)
+        if env.harness is not None:
+            check_harness(name, env.harness)
+
+
+def check_harness(name: str, harness: HarnessConfig) -> None:
+    """A harness runs one program: a callable or a command line, with its own options."""
+    where = f"environment {name!r}: harness"
+    if bool(harness.run) == bool(harness.command):
+        raise ConfigError(f"{where} needs exactly one of run = \"file.py:function\" (a "
+                          "Python callable) or command = [\"program\", \"arg\", ...]")
+    if harness.run and ":" not in harness.run:
+        raise ConfigError(f"{where}.run = {harness.run!r}: name the callable as "
+                          "\"path/to/file.py:function\" or \"package.module:function\"")
+    if harness.sandbox and not harness.command:
+        raise ConfigError(f"{where}.sandbox = true sandboxes a command line; a callable "
+                          "runs in this interpreter (use isolation = \"process\" for it)")
+    if harness.grader and ":" not in harness.grader:
+        raise ConfigError(f"{where}.grader = {harness.grader!r}: name it as "
+                          "\"file.py:function\" or \"package.module:function\"")
 
 
 def check_engines(rollout: RolloutConfig) -> None:

@@ -38,15 +38,27 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 def resolve_env_files(raw: dict[str, Any], config_dir: Path) -> None:
     """An environment id "file.py:Class" names a file relative to where agentrl runs, or
     else relative to the config file's folder: such ids get that folder's path, so a
-    config beside its environment file runs from anywhere."""
+    config beside its environment file runs from anywhere (also a harness's ``run`` and
+    ``grader``)."""
     for env in raw.get("environments") or []:
         env_id = env.get("id") if isinstance(env, dict) else None
-        if not isinstance(env_id, str) or ".py:" not in env_id:
-            continue
-        file, _, cls = env_id.rpartition(":")
-        beside = config_dir / file
-        if not Path(file).is_absolute() and not Path(file).exists() and beside.exists():
-            env["id"] = f"{beside}:{cls}"
+        if isinstance(env_id, str):
+            env["id"] = _beside(env_id, config_dir)
+        harness = env.get("harness") if isinstance(env, dict) else None
+        for key in ("run", "grader"):  # a harness's callables name files the same way
+            if isinstance(harness, dict) and isinstance(harness.get(key), str):
+                harness[key] = _beside(harness[key], config_dir)
+
+
+def _beside(target: str, config_dir: Path) -> str:
+    """"file.py:name" with the config's folder prepended when the file is only there."""
+    if ".py:" not in target:
+        return target
+    file, _, name = target.rpartition(":")
+    beside = config_dir / file
+    if not Path(file).is_absolute() and not Path(file).exists() and beside.exists():
+        return f"{beside}:{name}"
+    return target
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:

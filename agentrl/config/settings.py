@@ -306,6 +306,57 @@ class CompactionConfig(_Section):
             self.strategy == "tool" and self.fallback == "summarize")
 
 
+class HarnessConfig(_Section):
+    """An agent program trained through the OpenAI-compatible endpoint
+    (docs/harnesses.md): give ``run`` or ``command``, not both."""
+
+    run: str = ""
+    """A Python callable ``run(task, client_config) -> str`` (the final answer), as
+    "path/to/file.py:function" (relative to where agentrl runs or to the config's folder)
+    or "package.module:function". ``task``: {"messages", "tools", "seed", "rollout_id"};
+    ``client_config``: {"base_url", "api_key", "model"} for ``openai.OpenAI(...)``."""
+    command: list[str] = []
+    """Or a command line, run as a subprocess once per rollout with OPENAI_BASE_URL,
+    OPENAI_API_KEY, OPENAI_MODEL and AGENTRL_TASK (the task as JSON, also on stdin) in its
+    environment; its final answer is the file $AGENTRL_ANSWER_FILE when it writes one,
+    else its stdout (stripped); a non-zero exit status invalidates the rollout."""
+    isolation: Literal["thread", "process"] = "thread"
+    """``run``: where the callable runs: a thread of this process, or a worker process
+    killed at the deadline (as ``AgentEnv.isolation``)."""
+    sandbox: bool = False
+    """``command``: run it in a bubblewrap sandbox: the host's root read-only, a private
+    /tmp, its working folder read-only, its own user, PID and network namespaces, and no
+    network but the endpoint (docs/security.md)."""
+    cwd: str = ""
+    """``command``: the working folder (relative to where agentrl runs); "": that folder."""
+    env: dict[str, str] = {}
+    """``command``: more environment variables (in the sandbox, its whole environment is
+    these, PATH, HOME, LANG and the endpoint's)."""
+    timeout_s: PositiveFloat | None = None
+    """Seconds the program may run in one rollout before it is killed and the rollout is
+    invalid (``harness_timeout``); > 0; None: rollout.rollout_timeout_s."""
+    max_requests: PositiveInt | None = None
+    """Requests per rollout, over all its threads; >= 1; past it requests are refused and
+    the rollout is invalid (``harness_budget``). None: rollout.max_turns. Each request
+    generates at most rollout.max_new_tokens, the rollout rollout.max_rollout_tokens."""
+    grader: str = ""
+    """"file.py:function" or "module:function" called as ``grader(task, final)`` with the
+    environment's ``Task`` (its ``answer``, ...) → a reward or a ``Grade``; "": the
+    environment's own ``grade(final)``."""
+
+
+class EndpointConfig(_Section):
+    """Where the endpoint for agent programs listens during training (harness
+    environments only; `agentrl serve` serves the same routes on its own port)."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on; programs on other machines need an address they reach."""
+    port: NonNegativeInt = 0
+    """TCP port; 0 picks a free one."""
+    model_name: str = "policy"
+    """The model name requests must give (client_config["model"], OPENAI_MODEL)."""
+
+
 class EnvironmentConfig(_Section):
     id: str
     """A registered id ("agentrl/Countdown-v0") or "package.module:ClassName"; `agentrl
@@ -324,6 +375,10 @@ class EnvironmentConfig(_Section):
     """Keyword arguments for the environment's constructor."""
     name: str = ""
     """Short name in metrics; defaults to the id's last part."""
+    harness: HarnessConfig | None = None
+    """An agent program plays this environment's tasks through the OpenAI-compatible
+    endpoint instead of the built-in loop; the environment gives the tasks (``reset``)
+    and grades the program's final answer (``grade``). See docs/harnesses.md."""
 
     def display_name(self) -> str:
         """The name this environment has in metrics and reports."""
@@ -447,6 +502,7 @@ class Config(_Section):
     compaction: CompactionConfig = msgspec.field(default_factory=CompactionConfig)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
+    endpoint: EndpointConfig = msgspec.field(default_factory=EndpointConfig)
 
     def group_size(self, env: EnvironmentConfig) -> int:
         """Rollouts per group for one environment."""

@@ -1,6 +1,7 @@
 """The little HTTP/1.1 this package needs, on the standard library: an asyncio client for
 many concurrent generation requests, a blocking JSON client for the weight-sync control
-plane, and an asyncio server. One request per connection (``Connection: close``): simple,
+plane, and an asyncio server (JSON answers, or server-sent events for streamed ones; on
+TCP or a Unix socket). One request per connection (``Connection: close``): simple,
 and a cancelled request closes its socket, which tells the server to drop the work.
 Every call has a timeout; a failure raises :class:`ReplicaUnavailableError` naming the URL.
 """
@@ -12,8 +13,8 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NamedTuple
 
 MAX_BODY_BYTES = 64 * 2**20
 """Largest request or response body accepted (JSON: token ids, control messages)."""
@@ -148,42 +149,111 @@ Handler = Callable[[str, str, Any, Callable[[], Awaitable[None]]], Awaitable[tup
 (status, JSON-able answer)."""
 
 
+class Request(NamedTuple):
+    """One HTTP request as a :data:`RequestHandler` sees it."""
+
+    method: str
+    target: str
+    """The path with its query."""
+    headers: dict[str, str]
+    """Header names in lower case."""
+    body: bytes
+    disconnected: Callable[[], Awaitable[None]]
+    """Returns once the client has closed its socket (it gave up)."""
+
+
+class Answer(NamedTuple):
+    """What a :data:`RequestHandler` answers: a JSON body, or a stream of server-sent
+    events (``text/event-stream``, sent chunked as the iterator yields them)."""
+
+    status: int
+    payload: Any = None
+    events: AsyncIterator[bytes] | None = None
+
+
+RequestHandler = Callable[[Request], Awaitable[Answer]]
+
+
 async def start_server(handler: Handler, host: str, port: int) -> asyncio.Server:
     """An asyncio HTTP server answering every request with ``handler``'s JSON."""
+    return await start_request_server(json_handler(handler), host, port)
+
+
+def json_handler(handler: Handler) -> RequestHandler:
+    """A :data:`RequestHandler` calling a JSON :data:`Handler` with the decoded body."""
+
+    async def adapt(request: Request) -> Answer:
+        try:
+            payload = json.loads(request.body) if request.body else None
+        except (ValueError, json.JSONDecodeError) as exc:
+            return Answer(400, {"error": f"bad request body: {exc}"})
+        return Answer(*await handler(request.method, request.target, payload,
+                                     request.disconnected))
+
+    return adapt
+
+
+async def start_request_server(handler: RequestHandler, host: str | None, port: int | None,
+                               unix_path: str | None = None) -> asyncio.Server:
+    """An asyncio HTTP server that hands ``handler`` each whole request (headers and raw
+    body); on TCP ``host:port``, or on the Unix socket ``unix_path`` when given."""
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            status, answer = await _serve_one(handler, reader)
-            data = json.dumps(answer).encode()
-            writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
-                         f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-                         "Connection: close\r\n\r\n".encode() + data)
-            await writer.drain()
+            request = await _read_request(reader)
+            if request is None:
+                answer = Answer(400, {"error": "malformed request line"})
+            elif isinstance(request, str):
+                answer = Answer(400, {"error": request})
+            else:
+                answer = await handler(request)
+            await _write_answer(writer, answer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away; nothing to answer
         finally:
             writer.close()
 
+    if unix_path is not None:
+        return await asyncio.start_unix_server(serve, unix_path)
     return await asyncio.start_server(serve, host, port)
 
 
-async def _serve_one(handler: Handler, reader: asyncio.StreamReader) -> tuple[int, Any]:
+async def _read_request(reader: asyncio.StreamReader) -> Request | str | None:
+    """The request, a reason it is unreadable, or None for a malformed request line."""
     request_line = (await reader.readline()).decode("latin-1").split()
     if len(request_line) < 2:
-        return 400, {"error": "malformed request line"}
-    method, path = request_line[0], request_line[1]
+        return None
     headers = await _read_headers(reader)
     try:
         body = await _read_body(reader, headers, until_eof=False)
-        payload = json.loads(body) if body else None
-    except (ValueError, json.JSONDecodeError) as exc:
-        return 400, {"error": f"bad request body: {exc}"}
+    except ValueError as exc:
+        return f"bad request body: {exc}"
 
     async def disconnected() -> None:  # the client closes its socket when it gives up
         await reader.read()
 
-    return await handler(method, path, payload, disconnected)
+    return Request(request_line[0], request_line[1], headers, body, disconnected)
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 409: "Conflict",
-            500: "Internal Server Error"}
+async def _write_answer(writer: asyncio.StreamWriter, answer: Answer) -> None:
+    reason = _REASONS.get(answer.status, "Error")
+    if answer.events is None:
+        data = json.dumps(answer.payload).encode()
+        writer.write(f"HTTP/1.1 {answer.status} {reason}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                     "Connection: close\r\n\r\n".encode() + data)
+        await writer.drain()
+        return
+    writer.write(f"HTTP/1.1 {answer.status} {reason}\r\nContent-Type: text/event-stream\r\n"
+                 "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
+                 "Connection: close\r\n\r\n".encode())
+    async for chunk in answer.events:
+        writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        await writer.drain()
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+            404: "Not Found", 409: "Conflict", 500: "Internal Server Error",
+            503: "Service Unavailable"}

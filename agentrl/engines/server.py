@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentrl.engines.collective import GlooReceiver
-from agentrl.engines.http import start_server
+from agentrl.engines.http import RequestHandler, json_handler, start_request_server
 from agentrl.engines.protocol import completion_response, parse_completion_request
 
 Route = Callable[[Any, dict[str, list[str]]], Awaitable[Any]]
@@ -166,9 +166,12 @@ class EngineServer:
 
 
 async def serve_forever(server: EngineServer, host: str, port: int,
-                        ready: Callable[[int], None] | None = None) -> None:
-    """Serve until cancelled; ``ready(port)`` is called once listening (port 0 picks one)."""
-    http = await start_server(server.handle, host, port)
+                        ready: Callable[[int], None] | None = None,
+                        wrap: Callable[[RequestHandler], RequestHandler] | None = None) -> None:
+    """Serve until cancelled; ``ready(port)`` is called once listening (port 0 picks one);
+    ``wrap``: more routes on the same port (the chat endpoint)."""
+    handler = json_handler(server.handle)
+    http = await start_request_server(wrap(handler) if wrap else handler, host, port)
     bound = http.sockets[0].getsockname()[1]
     if ready is not None:
         ready(bound)

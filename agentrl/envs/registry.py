@@ -37,6 +37,7 @@ import importlib.metadata
 import importlib.util
 import re
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -184,20 +185,28 @@ def load_object(path: str, what: str) -> Any:
     return target
 
 
+_FILE_IMPORT_LOCK = threading.RLock()
+
+
 def _import(module_name: str, id_or_path: str) -> Any:
     if module_name.endswith(".py"):
         path = Path(module_name)
         if not path.exists():
             raise ValueError(f"{id_or_path!r}: file {path} does not exist")
         key = "agentrl_user_env_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-        if key in sys.modules:  # make() runs once per rollout: import the file once
-            return sys.modules[key]
-        spec = importlib.util.spec_from_file_location(key, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-        return module
+        with _FILE_IMPORT_LOCK:  # rollouts build instances on many threads at once
+            if key in sys.modules:  # make() runs once per rollout: import the file once
+                return sys.modules[key]
+            spec = importlib.util.spec_from_file_location(key, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[key] = module  # the lock: no other thread sees it half-imported
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[key]
+                raise
+            return module
     try:
         return importlib.import_module(module_name)
     except ImportError as exc:

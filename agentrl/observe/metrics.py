@@ -181,6 +181,22 @@ def breakdown_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str
         for kind, count in rollout.stats.tool_errors.items():
             kinds[kind] += count
     out.update({f"{prefix}tool_errors/{kind}": float(c) for kind, c in sorted(kinds.items())})
+    out.update(harness_figures(rollouts, prefix))
+    return out
+
+
+def harness_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[str, float]:
+    """Agent programs (docs/harnesses.md): their compactions by reason
+    (``harness_compactions/<reason>``) and the rows that drift started (``harness_drift``),
+    only where some occurred."""
+    reasons: dict[str, int] = defaultdict(int)
+    for rollout in rollouts:
+        for reason, count in rollout.stats.harness_compactions().items():
+            reasons[reason] += count
+    out = {f"{prefix}harness_compactions/{r}": float(c) for r, c in sorted(reasons.items())}
+    drift = sum(r.stats.num_drift for r in rollouts)
+    if drift:
+        out[f"{prefix}harness_drift"] = float(drift)
     return out
 
 

@@ -51,11 +51,13 @@ METRIC_PANELS = (
     ("turns per rollout", "num_turns/mean"),
     ("truncated share of rollouts", "truncation_rate"),
     ("invalid share of rollouts", "invalid_rate"),
+    ("harness drift (rows)", "harness_drift"),
 )
 FAMILY_PANELS = (
     ("truncated rollouts by reason", "truncated/"),
     ("tool errors by kind", "tool_errors/"),
     ("invalid rollouts by reason", "invalid/"),
+    ("harness compactions by reason", "harness_compactions/"),
 )
 
 

@@ -35,6 +35,9 @@ INVALID_KINDS = (
     "close_raised", "close_timeout",
     "engine_refused", "engine_unavailable", "rollout_timeout", "row_too_long",
     *REMOTE_KINDS,
+    "grade_raised", "grade_timeout",
+    "harness_raised", "harness_timeout", "harness_budget", "harness_foreign_model",
+    "harness_bad_request", "harness_bad_final",
 )
 """Why a rollout is invalid, short and stable: the ``<kind>`` of the metrics
 ``invalid/<kind>`` and ``env/<name>/invalid/<kind>``. ``<method>_raised`` and
@@ -45,7 +48,12 @@ cannot be reached), ``rollout_timeout``
 (``rollout.rollout_timeout_s``), ``row_too_long`` (a row past the micro-batch budget) and
 the failures of an environment served elsewhere (``env_unreachable``, ``env_server_full``,
 ``env_disconnected``, ``env_server_error``, ``env_server_timeout``, ``env_bad_reply``:
-:mod:`agentrl.envs.adapters.remote`)."""
+:mod:`agentrl.envs.adapters.remote`).
+Agent programs behind the endpoint (docs/harnesses.md): ``harness_raised`` (it crashed or
+exited non-zero), ``harness_timeout`` (it hung past its deadline), ``harness_budget`` (more
+requests or tokens than its budget), ``harness_foreign_model`` (a model name the endpoint
+does not serve), ``harness_bad_request`` (a request the endpoint could not read),
+``harness_bad_final`` (a final answer that is not text); ``grade_*`` for its grader."""
 
 
 class EnvError(Exception):

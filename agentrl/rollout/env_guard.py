@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import pickle
 import threading
 import time
@@ -37,11 +38,15 @@ from agentrl.envs.adapters.remote import REMOTE_KINDS
 from agentrl.rollout.env_contract import (
     EnvError,
     StepResult,
+    check_info,
     check_needed_facts,
     check_reset,
+    check_reward,
     check_step,
     check_subagent_step,
     check_tool_schemas,
+    describe,
+    finite_float,
 )
 from agentrl.text import brief, exception_message
 from agentrl.types import MAIN_THREAD, Message
@@ -151,6 +156,20 @@ class GuardedEnv:
                             self.max_observation_chars)
         return checked
 
+    async def grade(self, final: str, grader: str = "") -> tuple[float, dict[str, float]]:
+        """An agent program's final answer graded (``agentrl.envs.harness.grade_final``),
+        checked: a finite reward and named finite components."""
+        from agentrl.envs.harness import grade_final
+
+        reward, components = await self.caller.call(grade_final, (final, grader), {},
+                                                    self.timeout_s, what="grade")
+        if finite_float(reward) is None:
+            raise EnvError("bad_reward", f"env {self.name!r}: grading the final answer gave "
+                           f"reward {describe(reward)}; expected a finite float")
+        value = check_reward(self.name, reward, _range(self.reward_range))
+        info = check_info(self.name, "grade", {"reward_components": components})
+        return value, dict(info["reward_components"])
+
     async def close(self) -> None:
         """Close the instance (deferred to its thread while an abandoned call still runs)."""
         await self.caller.close(self.timeout_s)
@@ -222,9 +241,16 @@ class ThreadCaller:
             return hasattr(self.env, name)
         return getattr(self.env, name, None)
 
-    async def call(self, method: str, args: tuple, kwargs: dict, timeout_s: float) -> Any:
-        """``env.method(*args, **kwargs)`` under the deadline; a native ``astep`` (an
-        override of ``AgentEnv.astep``) is awaited on the event loop instead of ``step``."""
+    async def call(self, method: str | Callable, args: tuple, kwargs: dict, timeout_s: float,
+                   what: str | None = None) -> Any:
+        """``env.method(*args, **kwargs)`` under the deadline (a top-level function is
+        called as ``method(env, *args, **kwargs)``, its failures named after ``what``); a
+        native ``astep`` (an override of ``AgentEnv.astep``) is awaited on the event loop
+        instead of ``step``."""
+        if callable(method):
+            return await self._on_thread(what or method.__name__,
+                                         functools.partial(method, self.env), args, kwargs,
+                                         timeout_s)
         if method == "step" and (astep := _native_astep(self.env)) is not None:
             try:
                 return await asyncio.wait_for(astep(*args, **kwargs), timeout_s)

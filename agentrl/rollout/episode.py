@@ -33,6 +33,9 @@ class EnvSource(NamedTuple):
     process isolation."""
     isolation: str = "thread"
     """"thread" or "process" (see :mod:`agentrl.rollout.env_guard`)."""
+    harness: Any = None
+    """A ``HarnessConfig``: an agent program plays the task through the endpoint (the
+    environment gives the task and grades); None: the built-in multi-turn loop."""
 
 
 def isolation_of(env_id: str) -> str:
@@ -63,8 +66,10 @@ run on): lets a custom ``make_env`` know which rollout it builds an instance for
 async def play_episode(
     spec: RolloutSpec, source: EnvSource, engine: InferenceEngine, tokenizer: Any,
     rollout: RolloutConfig, compaction: CompactionConfig, on_failure: OnFailure | None = None,
+    endpoint: Any = None,
 ) -> Rollout:
-    """Build, play and close one instance; every failure gives an invalid rollout."""
+    """Build, play and close one instance; every failure gives an invalid rollout.
+    ``endpoint``: the run's ``HarnessEndpoint``, for sources with a ``harness``."""
     CURRENT_ROLLOUT.set(spec)
     try:
         env = await GuardedEnv.open(source.name, source.factory, rollout.step_timeout_s,
@@ -73,8 +78,12 @@ async def play_episode(
     except EnvError as exc:
         return _failed_before_start(spec, exc, on_failure)
     try:
-        result = await play_rollout(spec, env, engine, tokenizer, rollout, compaction,
-                                    on_failure)
+        if source.harness is None:
+            result = await play_rollout(spec, env, engine, tokenizer, rollout, compaction,
+                                        on_failure)
+        else:
+            result = await _play_harness(spec, env, source.harness, endpoint, rollout,
+                                         on_failure)
     finally:
         try:
             await env.close()
@@ -86,6 +95,16 @@ async def play_episode(
         result.stats.error, result.stats.error_kind = str(closed), closed.kind
         if on_failure is not None:
             on_failure(spec, closed)
+    return result
+
+
+async def _play_harness(spec: RolloutSpec, env: GuardedEnv, harness: Any, endpoint: Any,
+                        rollout: RolloutConfig, on_failure: OnFailure | None) -> Rollout:
+    from agentrl.rollout.harness_episode import play_harness_rollout
+
+    result, failure = await play_harness_rollout(spec, env, harness, endpoint, rollout)
+    if failure is not None and on_failure is not None:
+        on_failure(spec, failure)
     return result
 
 

@@ -82,20 +82,29 @@ async def eval_rollouts(
 
     rollout_cfg = msgspec.structs.replace(config.rollout, temperature=temperature)
     limit = asyncio.Semaphore(config.rollout.max_concurrent_rollouts)
+    endpoint = None
+    if any(env.harness is not None for env in config.environments):
+        from agentrl.rollout.harness_endpoint import HarnessEndpoint
+
+        endpoint = HarnessEndpoint(engine, tokenizer, rollout_cfg, config.endpoint)
 
     async def one(env_config: EnvironmentConfig, index: int) -> Rollout:
         name = env_config.display_name()
         spec = RolloutSpec(rollout_id=f"eval-{name}-{index}", group_id=f"eval-{name}-{index}",
                            env=name, task_seed=index, sampling_seed=index)
         source = EnvSource(name, functools.partial(make_eval_env, env_config),
-                           isolation_of(env_config.id))
+                           isolation_of(env_config.id), env_config.harness)
         async with limit:  # a failing environment gives an invalid (wrong) rollout
             return await play_episode(spec, source, engine, tokenizer, rollout_cfg,
-                                      config.compaction)
+                                      config.compaction, endpoint=endpoint)
 
-    return list(await asyncio.gather(*(
-        one(env, i) for env in config.environments for i in range(num_tasks)
-    )))
+    try:
+        return list(await asyncio.gather(*(
+            one(env, i) for env in config.environments for i in range(num_tasks)
+        )))
+    finally:
+        if endpoint is not None:
+            await endpoint.close()
 
 
 def make_env(env_config: EnvironmentConfig) -> Any:

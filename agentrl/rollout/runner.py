@@ -102,6 +102,14 @@ class RolloutRunner:
         self.log = InvalidLog()
         self._in_process: set[str] = set()
         """Environments moved to worker processes after a call froze the event loop."""
+        self.endpoint = None
+        """The OpenAI-compatible endpoint of the harness environments (docs/harnesses.md),
+        listening from the first harness rollout on; None without any."""
+        if any(e.harness is not None for e in config.environments):
+            from agentrl.rollout.harness_endpoint import HarnessEndpoint
+
+            self.endpoint = HarnessEndpoint(engine, tokenizer, config.rollout,
+                                            config.endpoint)
 
     async def collect_group(self, group_id: str, env_name: str, task_seed: int) -> Group:
         """The G rollouts of one task, played concurrently."""
@@ -121,7 +129,8 @@ class RolloutRunner:
         async with self._limit:
             rollout = await play_episode(spec, self._source(env_config), self.engine,
                                          self.tokenizer, self.config.rollout,
-                                         self.config.compaction, self._on_failure)
+                                         self.config.compaction, self._on_failure,
+                                         self.endpoint)
         failure = clip_long_rows(rollout, self.config.batch.max_tokens_per_microbatch)
         if failure is not None:
             self._on_failure(spec, failure)
@@ -134,9 +143,9 @@ class RolloutRunner:
         name = env_config.display_name()
         factory = functools.partial(self.make_env, env_config)
         if self.make_env is not _default_make_env:
-            return EnvSource(name, factory)
+            return EnvSource(name, factory, harness=env_config.harness)
         isolation = "process" if name in self._in_process else isolation_of(env_config.id)
-        return EnvSource(name, factory, isolation)
+        return EnvSource(name, factory, isolation, env_config.harness)
 
     def _on_failure(self, spec: RolloutSpec, error: EnvError) -> None:
         self.log.failure(spec, error)

@@ -350,7 +350,40 @@ def check_lora(pf: Preflight) -> str:
             f"parameters ({100 * adapters / total:.2f}% of the model); the base is frozen")
 
 
-CHECKS: list[Check] = [check_environments, check_model, check_positions,
+def check_harnesses(pf: Preflight) -> str:
+    """Every agent program can start: its callable (and grader) imports, or its command's
+    program exists (docs/harnesses.md)."""
+    import shutil
+
+    from agentrl.envs.registry import load_object
+
+    lines, errors = [], []
+    for env in pf.config.environments:
+        harness, name = env.harness, env.display_name()
+        if harness is None:
+            continue
+        try:
+            for what, target in (("harness.run", harness.run),
+                                 ("harness.grader", harness.grader)):
+                if target and not callable(load_object(target, what)):
+                    raise ValueError(f"{what} = {target!r} is not callable")
+        except Exception as exc:  # noqa: BLE001 - a user file may raise anything
+            errors.append(f"environment {name!r}: harness: {_one_line(exc)}")
+            continue
+        program = harness.command[0] if harness.command else ""
+        if program and shutil.which(program, path=None) is None and not Path(
+                harness.cwd or ".", program).is_file():
+            errors.append(f"environment {name!r}: harness.command: no program {program!r} "
+                          "(not on PATH, not a file); give its path")
+            continue
+        runs = harness.run or " ".join(harness.command)
+        lines.append(f"{name} runs {runs}" + (" in the sandbox" if harness.sandbox else ""))
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return "harnesses: " + ("; ".join(lines) if lines else "none")
+
+
+CHECKS: list[Check] = [check_environments, check_harnesses, check_model, check_positions,
                        check_micro_batch_budget, check_context_budget, check_compact_tool,
                        check_threads, check_trackers, check_lora]
 """The plan-time checks, in order."""

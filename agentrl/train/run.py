@@ -226,9 +226,12 @@ class Run:
                 for g in groups for r in g.rollouts]})
 
     def close(self) -> None:
-        """Stop the collector (discarding in-flight generations) and close the logs."""
+        """Stop the collector (discarding in-flight generations), the agent programs'
+        endpoint, and close the logs."""
         if self.collector is not None:
             self.collector.close()
+        if self.runner is not None and self.runner.endpoint is not None:
+            self.runner.endpoint.stop()
         for log in (self.trained_log, self.eval_log):
             if log is not None:
                 log.close()

@@ -102,6 +102,10 @@
       box.append(badge("truncated" + (r.truncation_reason ? ": " + r.truncation_reason : ""),
         "truncated"));
     }
+    for (const [reason, n] of Object.entries(r.compaction_reasons || {})) {
+      box.append(badge("harness compaction " + reason + " × " + n, "compaction"));
+    }
+    if (r.num_drift) box.append(badge("drift × " + r.num_drift, "invalid"));
     for (const [kind, n] of Object.entries(r.tool_errors || {})) {
       box.append(badge("tool error " + kind + " × " + n, "invalid"));
     }
@@ -180,8 +184,10 @@
       }
       box.append(rowView(row));
     });
-    if (node) {
-      box.append(node.answer !== undefined && node.answer !== null
+    const answered = node && node.answer !== undefined && node.answer !== null;
+    const failed = node && node.error !== undefined && node.error !== null;
+    if (answered || failed) {  // an agent program's other conversation returns nothing
+      box.append(answered
         ? el("div", "thread-answer", "↳ returned to " + (node.parent || "main") + ": " + node.answer)
         : el("div", "thread-answer failed", "↳ no answer for " + (node.parent || "main") + " (" +
           node.error_kind + "): " + node.error));

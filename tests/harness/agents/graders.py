@@ -1,0 +1,6 @@
+"""Graders for the test harnesses: ``grader(task, final) -> reward``."""
+
+
+def yes(task, final: str) -> float:
+    """1.0 for the final answer "yes"."""
+    return float(final.strip() == "yes")
