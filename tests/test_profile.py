@@ -17,26 +17,7 @@ from agentrl.observe.profile import (
     section,
     step_profile,
 )
-
-CONFIG = """
-[model]
-path = "{model}"
-[batch]
-rollout_batch_size = 2
-n_samples_per_prompt = 2
-global_batch_size = 4
-[rollout]
-max_new_tokens = 6
-max_turns = 2
-[train]
-num_steps = 2
-seed = 1
-[log]
-live = false
-[[environments]]
-id = "agentrl/Calculator-v0"
-kwargs = {{max_number = 9}}
-"""
+from tests.train.test_train_e2e import CONFIG
 
 
 def test_sections_add_up_from_any_thread_and_cost_nothing_when_off():
@@ -71,7 +52,7 @@ def test_train_profile_writes_sections_and_a_trace(tmp_path, capsys):
     model = build_tiny_checkpoint(tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2,
                                   num_kv_heads=1, vocab_size=300)
     config = tmp_path / "c.toml"
-    config.write_text(CONFIG.format(model=model))
+    config.write_text(CONFIG.format(model=model, budget=4096, steps=2, eval_every=0))
     out = tmp_path / "run"
     try:
         assert main(["train", str(config), "--out", str(out), "--profile",
