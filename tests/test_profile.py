@@ -48,22 +48,30 @@ def test_step_profile_derives_scheduling_and_forward():
     assert "mean of 2 step(s)" in table and "engine/forward" in table
 
 
+# the end-to-end config made small: one prompt of two samples a step, one turn of 3 new
+# tokens, one update, no checkpoint (the traced step runs several times slower)
+SMALL = ["rollout.max_new_tokens=3", "rollout.max_turns=1", "batch.rollout_batch_size=1",
+         "train.checkpoint_every=0"]
+
+
 def test_train_profile_writes_sections_and_a_trace(tmp_path, capsys):
     model = build_tiny_checkpoint(tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2,
                                   num_kv_heads=1, vocab_size=300)
     config = tmp_path / "c.toml"
     config.write_text(CONFIG.format(model=model, budget=4096, steps=2, eval_every=0))
     out = tmp_path / "run"
+    small = [arg for override in SMALL for arg in ("--set", override)]
     try:
         assert main(["train", str(config), "--out", str(out), "--profile",
-                     "--profile-trace", "2"]) == 0
+                     "--profile-trace", "2", *small]) == 0
     finally:
         PROFILER.disable()
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [step["step"] for step in steps] == [1, 2]
     for step in steps:
         assert step["profile/engine/forward"] > 0 and step["profile/train/backward"] > 0
         assert step["profile/train/optimizer"] > 0 and step["profile/rollout/tokenizer"] > 0
-        assert step["profile/rollout/env"] > 0  # the calculator's calls, on their threads
+        assert step["profile/rollout/env"] > 0  # the environment's calls, on their threads
     assert "profile: mean of 2 step(s)" in capsys.readouterr().out
     trace = json.loads((out / "profile" / "step_2.trace.json").read_text())
     assert trace["traceEvents"]
