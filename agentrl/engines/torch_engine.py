@@ -7,7 +7,8 @@ request; one background task (started on demand, ending when idle) repeatedly
    rollouts of a group) is copied from its slot with its last-position logits, a prompt
    continuing an idle slot's conversation (the same ``key``: the rollout's next turn)
    prefills only its new tokens there, the rest are prefilled together in one padded
-   forward; then every admitted request samples its first token;
+   forward (``agentrl.engines.admission``); then every admitted request samples its
+   first token;
 2. decodes every running slot by one token in a single batched forward over a run of
    slots ``[N, 1]``, reading the cache in place, up to the longest filled position;
    sampling, stop checks and bookkeeping are tensor operations over all rows at once
@@ -52,11 +53,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from agentrl.engines.admission import Request, plan_admission, prefill, prefill_batches
 from agentrl.engines.interface import (
     Generation,
     NamedTensors,
@@ -67,32 +68,6 @@ from agentrl.engines.interface import (
 from agentrl.engines.sampling import sample_rows
 from agentrl.engines.slot_table import SlotTable
 from agentrl.observe.profile import section
-
-PREFILL_TOKENS = 4096
-"""Padded tokens one batched prefill forward holds at most (rows × longest new part)."""
-
-
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    future: asyncio.Future
-    generator: torch.Generator
-    max_tokens: int
-    key: str | None = None
-    slot: int = -1
-
-
-@dataclass
-class _Prefill:
-    """Admitted requests of one admission round, by how their prompt gets its cache."""
-
-    compute: list[tuple[_Request, int]] = field(default_factory=list)
-    """(request, positions already cached in its slot): a forward over the rest."""
-    copied: list[tuple[_Request, torch.Tensor]] = field(default_factory=list)
-    """(request, last-position logits): its prompt was copied from another slot."""
-    followers: list[tuple[_Request, _Request]] = field(default_factory=list)
-    """(request, the request of this round whose identical prompt it copies)."""
 
 
 class TorchEngine:
@@ -125,10 +100,10 @@ class TorchEngine:
         self._seed_counter = itertools.count(seed * 1_000_003)
         self._cache: Any = None
         self._table: SlotTable | None = None
-        self._pending: list[_Request] = []
-        self._active: dict[int, _Request] = {}
+        self._pending: list[Request] = []
+        self._active: dict[int, Request] = {}
         """Admitted, unfinished requests by slot."""
-        self._cancelled: list[_Request] = []
+        self._cancelled: list[Request] = []
         self._num_stop_strings = 0
         """Active requests with stop strings (checked by decoding, one by one)."""
         self._worker: asyncio.Task | None = None
@@ -152,7 +127,7 @@ class TorchEngine:
         self._check_request(prompt_ids, params)
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else next(self._seed_counter))
-        request = _Request(
+        request = Request(
             prompt_ids=list(prompt_ids),
             params=params,
             future=asyncio.get_running_loop().create_future(),
@@ -316,9 +291,11 @@ class TorchEngine:
             return
         cache, table = self._ensure_cache(
             max(len(r.prompt_ids) + r.max_tokens - 1 for r in admitted))
-        plan = self._plan(admitted, cache, table)
+        plan = plan_admission(admitted, cache, table, self.batch_invariant)
         first = [(r, logits) for r, logits in plan.copied]
-        first += self._prefill(plan.compute, cache, table)
+        for batch in prefill_batches(plan.compute, self.batch_invariant):
+            first += prefill(self.model, batch, cache, table)
+            self.num_forwards += 1
         leader_logits = {id(r): logits for r, logits in first}
         for request, leader in plan.followers:
             cache.copy_prefix(leader.slot, request.slot, len(request.prompt_ids))
@@ -329,76 +306,6 @@ class TorchEngine:
             self._num_stop_strings += bool(request.params.stop)
         rows = torch.tensor([r.slot for r, _ in first], device=table.device)
         self._sample(rows, torch.stack([logits for _, logits in first]))
-
-    def _plan(self, admitted: list[_Request], cache: Any, table: SlotTable) -> _Prefill:
-        """Choose each request's slot and how its prompt's cache is made (``_Prefill``)."""
-        plan = _Prefill()
-        leaders: dict[tuple[int, ...], _Request] = {}
-        for request in admitted:
-            prompt = tuple(request.prompt_ids)
-            source = table.prompt_slot.get(prompt)
-            if source is not None and source in table.prompt_logits:
-                logits = table.prompt_logits[source]
-                request.slot = self._take(table, keep=source, fallback=source)
-                cache.copy_prefix(source, request.slot, len(prompt))
-                table.remember_prompt(request.slot, request.prompt_ids, logits)
-                plan.copied.append((request, logits))
-            elif prompt in leaders:
-                request.slot = self._take(table)
-                plan.followers.append((request, leaders[prompt]))
-            elif not self.batch_invariant and (
-                    found := table.continuation_of(request.key, request.prompt_ids)):
-                request.slot, reused = table.claim(found[0]), found[1]
-                cache.lengths[request.slot] = reused
-                plan.compute.append((request, reused))
-            else:
-                request.slot = self._take(table)
-                cache.lengths[request.slot] = 0
-                leaders[prompt] = request
-                plan.compute.append((request, 0))
-        return plan
-
-    def _take(self, table: SlotTable, keep: int | None = None,
-              fallback: int | None = None) -> int:
-        """A slot for an admitted request, never ``keep``, unless no other is left and
-        ``fallback`` (the idle slot holding its prompt) can be taken over."""
-        slot = table.take_slot(keep)
-        if slot is None and fallback is not None and fallback not in table.busy:
-            slot = table.claim(fallback)
-        assert slot is not None, "admission takes at most as many requests as free slots"
-        return slot
-
-    def _prefill(self, compute: list[tuple[_Request, int]], cache: Any,
-                 table: SlotTable) -> list[tuple[_Request, torch.Tensor]]:
-        """Forward the uncached part of each prompt; returns each request's last-position
-        logits. Batched (right-padded, at most PREFILL_TOKENS per forward), or one prompt
-        per forward when batch invariant."""
-        out: list[tuple[_Request, torch.Tensor]] = []
-        batch: list[tuple[_Request, int]] = []
-        for item in compute:
-            width = max([len(r.prompt_ids) - start for r, start in [*batch, item]])
-            if batch and (self.batch_invariant or width * (len(batch) + 1) > PREFILL_TOKENS):
-                out += self._prefill_batch(batch, cache, table)
-                batch = []
-            batch.append(item)
-        if batch:
-            out += self._prefill_batch(batch, cache, table)
-        return out
-
-    def _prefill_batch(self, batch: list[tuple[_Request, int]], cache: Any,
-                       table: SlotTable) -> list[tuple[_Request, torch.Tensor]]:
-        device = cache.lengths.device
-        parts = [r.prompt_ids[start:] for r, start in batch]
-        width = max(len(p) for p in parts)
-        ids = torch.tensor([p + [0] * (width - len(p)) for p in parts], device=device)
-        slots = torch.tensor([r.slot for r, _ in batch], device=device)
-        counts = torch.tensor([len(p) for p in parts], device=device)
-        logits = self.model.forward_cached(ids, slots, cache, num_new=counts, last_only=True)
-        self.num_forwards += 1
-        for (request, start), row in zip(batch, logits, strict=True):
-            if start == 0:
-                table.remember_prompt(request.slot, request.prompt_ids, row)
-        return [(request, row) for (request, _), row in zip(batch, logits, strict=True)]
 
     # ------------------------------------------------------------------ decoding
 
