@@ -37,7 +37,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -77,17 +77,9 @@ class Profiler:
         with self._lock:
             self._seconds[name] += seconds
 
-    @contextmanager
-    def _timed(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(name, time.perf_counter() - start)
-
     def section(self, name: str) -> Any:
         """A context manager adding its block's wall time to ``name`` (when enabled)."""
-        return self._timed(name) if self.enabled else nullcontext()
+        return timed(lambda seconds: self.add(name, seconds)) if self.enabled else nullcontext()
 
     def take(self) -> dict[str, float]:
         """The seconds per section since the last call, and start again from zero."""
@@ -98,6 +90,16 @@ class Profiler:
 
 PROFILER = Profiler()
 """The process's profiler (off unless ``agentrl train --profile`` turned it on)."""
+
+
+@contextmanager
+def timed(add: Callable[[float], None]) -> Iterator[None]:
+    """Hand the wall-clock seconds the ``with`` block took to ``add`` (also when it raises)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        add(time.perf_counter() - start)
 
 
 def section(name: str) -> Any:

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import math
 import re
-import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -39,7 +37,14 @@ from agentrl.observe.metrics import (
     rollout_figures,
     step_stats,
 )
-from agentrl.observe.profile import PROFILER, format_table, section, step_profile, traced
+from agentrl.observe.profile import (
+    PROFILER,
+    format_table,
+    section,
+    step_profile,
+    timed,
+    traced,
+)
 from agentrl.packing import MicroBatch, collate, copy_to_device, plan_micro_batches
 from agentrl.parallel import groups
 from agentrl.parallel.fsdp import clip_grad_norm
@@ -67,14 +72,12 @@ class PhaseTimer:
         """Start every phase at zero."""
         self.seconds = dict.fromkeys(PHASES, 0.0)
 
-    @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
+    def __call__(self, phase: str) -> AbstractContextManager[None]:
         """Add the time spent inside the ``with`` block to ``phase``."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[phase] += time.perf_counter() - start
+        return timed(lambda seconds: self._add(phase, seconds))
+
+    def _add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] += seconds
 
 
 def train(run: Run) -> TrainerState:
