@@ -108,18 +108,17 @@ class SlotTable:
         self.forget(source)
 
     def continuation_of(self, key: str | None, prompt: list[int]) -> tuple[int, int] | None:
-        """(idle slot, tokens reusable) when an idle slot with ``key`` shares a prefix
-        with ``prompt``; at least one prompt token is left to prefill (its logits)."""
+        """(idle slot, tokens reusable) for the idle slot with ``key`` sharing the longest
+        prefix with ``prompt`` (a key can own several idle slots); at least one prompt
+        token is left to prefill (its logits)."""
         if key is None:
             return None
+        best, common = None, 0
         for slot, slot_key in self.idle.items():
             held = self.tokens[slot]
-            if slot_key != key or not held:
-                continue
-            common = _common_prefix(held, prompt)
-            if common > 0:
-                return slot, min(common, len(prompt) - 1)
-        return None
+            if slot_key == key and held and (length := _common_prefix(held, prompt)) > common:
+                best, common = slot, length
+        return None if best is None else (best, min(common, len(prompt) - 1))
 
     def remember_prompt(self, slot: int, prompt: list[int], logits: torch.Tensor) -> None:
         """``slot`` holds the prefill of ``prompt``, whose last position gave ``logits``."""

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from agentrl.engines.interface import SamplingParams
 from agentrl.engines.sampling import sample_rows, scaled_logprobs, top_p_mask
+from agentrl.engines.slot_table import SlotTable
 from agentrl.engines.torch_engine import TorchEngine
 
 
@@ -94,6 +95,19 @@ def test_the_next_turn_of_a_rollout_prefills_only_its_new_tokens(tiny_model):
     assert torch.allclose(torch.tensor(reused.logprobs), torch.tensor(fresh.logprobs),
                           atol=1e-5)
     assert engine._cache is cache  # the same slot, continued: no new cache
+
+
+def test_a_keys_next_prompt_continues_the_slot_it_extends_most():
+    # several idle slots of one key, all sharing the chat template's first tokens: the
+    # next prompt continues the slot it shares most with
+    table = SlotTable(3, torch.device("cpu"))
+    for slot, held in [(0, [1, 2, 3, 4]), (1, [1, 2, 7, 8, 9, 10]), (2, [1, 2, 7, 8, 9])]:
+        table.claim(slot)
+        table.release(slot, "rollout-1", held)
+    assert table.continuation_of("rollout-1", [1, 2, 7, 8, 9, 10, 11]) == (1, 6)
+    assert table.continuation_of("rollout-1", [1, 2, 3, 9]) == (0, 3)
+    assert table.continuation_of("rollout-2", [1, 2, 3, 9]) is None  # another rollout's
+    assert table.continuation_of("rollout-1", [1, 2, 7]) == (1, 2)  # one token left to run
 
 
 def test_new_weights_forget_cached_prefixes(tiny_model, tiny_ckpt):
