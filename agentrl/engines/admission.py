@@ -28,6 +28,8 @@ class Request:
     max_tokens: int
     key: str | None = None
     slot: int = -1
+    version: int = 0
+    """The weights it runs under (a LoRA engine: its adapter version), set on admission."""
 
 
 @dataclass
@@ -45,24 +47,25 @@ class Admission:
 def plan_admission(admitted: list[Request], cache: Any, table: SlotTable,
                    batch_invariant: bool) -> Admission:
     """Choose each request's slot and how its prompt's cache is made; a prompt some slot
-    already holds is copied now. Batch invariant: never continue a conversation from a
-    slot (a partial prefill rounds differently from a whole one)."""
+    already holds is copied now. Only a cache computed under the request's version is
+    reused. Batch invariant: never continue a conversation from a slot (a partial prefill
+    rounds differently from a whole one)."""
     plan = Admission()
-    leaders: dict[tuple[int, ...], Request] = {}
+    leaders: dict[tuple[int, tuple[int, ...]], Request] = {}
     for request in admitted:
-        prompt = tuple(request.prompt_ids)
-        source = table.prompt_slot.get(prompt)
-        if source is not None and source in table.prompt_logits:
+        prompt = (request.version, tuple(request.prompt_ids))
+        source = table.prompt_source(request.prompt_ids, request.version)
+        if source is not None:
             logits = table.prompt_logits[source]
             request.slot = _take(table, keep=source, fallback=source)
-            cache.copy_prefix(source, request.slot, len(prompt))
-            table.remember_prompt(request.slot, request.prompt_ids, logits)
+            cache.copy_prefix(source, request.slot, len(request.prompt_ids))
+            table.remember_prompt(request.slot, request.prompt_ids, logits, request.version)
             plan.copied.append((request, logits))
         elif prompt in leaders:
             request.slot = _take(table)
             plan.followers.append((request, leaders[prompt]))
-        elif not batch_invariant and (
-                found := table.continuation_of(request.key, request.prompt_ids)):
+        elif not batch_invariant and (found := table.continuation_of(
+                request.key, request.prompt_ids, request.version)):
             request.slot, reused = table.claim(found[0]), found[1]
             cache.lengths[request.slot] = reused
             plan.compute.append((request, reused))
@@ -113,5 +116,5 @@ def prefill(model: Any, batch: list[tuple[Request, int]], cache: Any, table: Slo
     logits = model.forward_cached(ids, slots, cache, num_new=counts, last_only=True)
     for (request, start), row in zip(batch, logits, strict=True):
         if start == 0:
-            table.remember_prompt(request.slot, request.prompt_ids, row)
+            table.remember_prompt(request.slot, request.prompt_ids, row, request.version)
     return [(request, row) for (request, _), row in zip(batch, logits, strict=True)]

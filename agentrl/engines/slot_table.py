@@ -15,6 +15,11 @@ stays *idle* (not free) until another request needs the room, least recently use
 - a request that continues an idle slot's conversation (the same ``key``: the next turn
   of a multi-turn rollout, or a compacted context keeping the head) takes that slot over
   and prefills only the tokens past the common prefix.
+
+Either reuse needs the slot's keys/values to come from the weights the new request runs
+under: each slot remembers the version its cache was computed under (``cached_under``,
+an adapter version in a LoRA engine, else the weight version), and a request of another
+version never reuses it.
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ class SlotTable:
         self.out_tokens = torch.zeros(num_slots, 1, **long)
         self.out_logprobs = torch.zeros(num_slots, 1, device=device)
         self.out_versions = torch.zeros(num_slots, 1, **long)
+        self.version = torch.zeros(num_slots, **long)
+        """The version each slot's next token records."""
+        self.cached_under: list[int | None] = [None] * num_slots
+        """The version whose weights computed slot i's cached keys/values."""
         self.tokens: list[list[int] | None] = [None] * num_slots
         """Token ids whose keys/values slot i holds (None: nothing reusable)."""
         self.idle: OrderedDict[int, str | None] = OrderedDict()
@@ -84,6 +93,7 @@ class SlotTable:
         """Drop what ``slot`` held from the prefix bookkeeping."""
         self.idle.pop(slot, None)
         self.tokens[slot] = None
+        self.cached_under[slot] = None
         self.prompt_logits.pop(slot, None)
         for prompt in [p for p, s in self.prompt_slot.items() if s == slot]:
             del self.prompt_slot[prompt]
@@ -100,28 +110,48 @@ class SlotTable:
         """A running request moves from ``source`` to the claimed slot ``target`` (its
         cache already copied): its rows follow it and ``source`` becomes free."""
         for name in ("last_token", "count", "limit", "running", "temperature", "top_p",
-                     "stop_ids", "uniform", "out_tokens", "out_logprobs", "out_versions"):
+                     "stop_ids", "uniform", "out_tokens", "out_logprobs", "out_versions",
+                     "version"):
             table = getattr(self, name)
             table[target] = table[source]
+        self.cached_under[target] = self.cached_under[source]
         self.running[source] = False
         self.busy.discard(source)
         self.forget(source)
 
-    def continuation_of(self, key: str | None, prompt: list[int]) -> tuple[int, int] | None:
-        """(idle slot, tokens reusable) for the idle slot with ``key`` sharing the longest
-        prefix with ``prompt`` (a key can own several idle slots); at least one prompt
-        token is left to prefill (its logits)."""
+    def prompt_source(self, prompt: list[int], version: int) -> int | None:
+        """The slot holding the prefill of ``prompt`` under ``version``, with its logits."""
+        source = self.prompt_slot.get(tuple(prompt))
+        if source is None or source not in self.prompt_logits:
+            return None
+        return source if self.cached_under[source] == version else None
+
+    def continuation_of(self, key: str | None, prompt: list[int], version: int
+                        ) -> tuple[int, int] | None:
+        """(idle slot, tokens reusable) for the idle slot with ``key``, cached under
+        ``version``, sharing the longest prefix with ``prompt`` (a key can own several
+        idle slots); at least one prompt token is left to prefill (its logits)."""
         if key is None:
             return None
         best, common = None, 0
         for slot, slot_key in self.idle.items():
             held = self.tokens[slot]
-            if slot_key == key and held and (length := _common_prefix(held, prompt)) > common:
+            if (slot_key == key and held and self.cached_under[slot] == version
+                    and (length := _common_prefix(held, prompt)) > common):
                 best, common = slot, length
         return None if best is None else (best, min(common, len(prompt) - 1))
 
-    def remember_prompt(self, slot: int, prompt: list[int], logits: torch.Tensor) -> None:
-        """``slot`` holds the prefill of ``prompt``, whose last position gave ``logits``."""
+    def set_version(self, version: int, slots: list[int] | None = None) -> None:
+        """From now on ``slots`` (every slot for None) record ``version`` for their tokens
+        (an in-flight sync); what their cache holds stays as it was computed."""
+        with torch.inference_mode():  # the table's tensors were made in inference mode
+            self.version[slice(None) if slots is None else slots] = version
+
+    def remember_prompt(self, slot: int, prompt: list[int], logits: torch.Tensor,
+                        version: int) -> None:
+        """``slot`` holds the prefill of ``prompt`` under ``version``, whose last position
+        gave ``logits``."""
+        self.cached_under[slot] = version
         stored = sum(t.numel() * t.element_size() for t in self.prompt_logits.values())
         if stored + logits.numel() * logits.element_size() > LOGIT_SLOTS_LIMIT_BYTES:
             return
@@ -137,11 +167,13 @@ class SlotTable:
         for slot in range(self.num_slots):
             if slot not in self.busy:
                 self.tokens[slot] = None
+                self.cached_under[slot] = None
 
     # ------------------------------------------------------------------ requests
 
     def start(self, slot: int, request: Any, version: int) -> None:
-        """Load a newly admitted request's settings into its slot's row."""
+        """Load a newly admitted request's settings into its slot's row; its prompt's
+        cache was computed under ``version``, and its tokens record it."""
         params = request.params
         self._fit(request.max_tokens, len(params.stop_token_ids))
         self.count[slot] = 0
@@ -155,7 +187,8 @@ class SlotTable:
         if params.temperature > 0:
             draws = torch.rand(request.max_tokens, generator=request.generator)
             self.uniform[slot, :request.max_tokens] = draws.to(self.device)
-        self.out_versions[slot] = version
+        self.version[slot] = version
+        self.cached_under[slot] = version
         self.running[slot] = True
 
     def _fit(self, max_tokens: int, num_stop_ids: int) -> None:
@@ -171,14 +204,14 @@ class SlotTable:
         if num_stop_ids > self.stop_ids.shape[1]:
             self.stop_ids = _widen(self.stop_ids, num_stop_ids - self.stop_ids.shape[1], -1)
 
-    def record(self, rows: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor,
-               version: int) -> torch.Tensor:
-        """Append each slot in ``rows``'s new token; returns which of them finished
-        (a stop id, or max_tokens reached)."""
+    def record(self, rows: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor
+               ) -> torch.Tensor:
+        """Append each slot in ``rows``'s new token with its slot's version; returns which
+        of them finished (a stop id, or max_tokens reached)."""
         at = self.count[rows]
         self.out_tokens[rows, at] = tokens
         self.out_logprobs[rows, at] = logprobs
-        self.out_versions[rows, at] = version
+        self.out_versions[rows, at] = self.version[rows]
         self.count[rows] = at + 1
         self.last_token[rows] = tokens
         stopped = (self.stop_ids[rows] == tokens[:, None]).any(dim=-1)

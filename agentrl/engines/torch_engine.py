@@ -46,12 +46,20 @@ Weight sync is a session (``start_weight_update`` → ``load_bucket`` per bucket
 the engine's own model one bucket at a time, and the version is bumped only once every
 parameter arrived. ``sleep`` frees the KV cache (the analogue of vLLM's sleep mode for a
 replica colocated with training); the next request allocates it again. New weights
-make every cached prefix stale: idle slots and stored prompts are forgotten.
+make every cached prefix stale: idle slots and stored prompts are forgotten, and a slot
+whose cache came from older weights is never reused by a request under newer ones.
+
+LoRA (``adapters``, ``agentrl.engines.adapters``): a sync installs a new adapter version
+beside the live ones and never waits. Each request runs under the version newest at its
+admission (its slot's row in the table); every prefill and decode forward runs each row
+under its slot's version, every token records it, and versions no running slot uses are
+dropped when requests finish.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from typing import Any
 
@@ -82,11 +90,14 @@ class TorchEngine:
         seed: int = 0,
         batch_invariant: bool = False,
         name: str = "torch engine",
+        adapters: Any = None,
     ) -> None:
         """``max_batch_size`` cache slots of ``max_len`` tokens (prompt + generated) each;
         ``batch_invariant``: outputs independent of batching (module docstring). The engine
         generates with ``model``; a replica that must not share the trainer's parameters
-        gets its own copy (``agentrl.engines.build``)."""
+        gets its own copy (``agentrl.engines.build``). ``adapters``: an
+        ``AdapterVersions`` on ``model`` (a LoRA run): syncs then carry adapter tensors
+        only and never wait for running requests (``agentrl.engines.adapters``)."""
         if max_batch_size < 1 or max_len < 2:
             raise ValueError(
                 f"TorchEngine needs max_batch_size >= 1 and max_len >= 2, got "
@@ -115,6 +126,13 @@ class TorchEngine:
         records the version it came from."""
         self.sync_timeout_s = 300.0
         self._receiving: set[str] | None = None
+        self.adapters = adapters
+
+    @property
+    def keeps_adapter_versions(self) -> bool:
+        """True for a LoRA engine: a sync installs a new adapter version beside the ones
+        running requests use, so it may come at any time."""
+        return self.adapters is not None
 
     # ------------------------------------------------------------------ public API
 
@@ -158,12 +176,19 @@ class TorchEngine:
     def start_weight_update(self, in_flight: bool = False) -> None:
         """Begin a sync session: between collections, or ``in_flight`` between two decode
         steps of running requests."""
+        if self.adapters is not None:
+            self.adapters.start()
+            return
         if not in_flight:
             self._require_idle("update_weights")
         self._receiving = set()
 
     def load_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
-        """Copy one bucket of (name, tensor) pairs into the model's parameters."""
+        """Copy one bucket of (name, tensor) pairs into the model's parameters (a LoRA
+        engine: into the adapter version being received)."""
+        if self.adapters is not None:
+            self.adapters.load(bucket)
+            return
         if self._receiving is None:
             raise WeightSyncError(f"{self.name}: load_bucket outside a weight update")
         targets = self.model.state_dict()
@@ -180,6 +205,9 @@ class TorchEngine:
 
     def finish_weight_update(self, version: int) -> None:
         """End the session: every parameter must have arrived; then serve ``version``."""
+        if self.adapters is not None:
+            self._finish_adapter_update(version)
+            return
         received, self._receiving = self._receiving, None
         if received is None:
             raise WeightSyncError(f"{self.name}: finish without a started weight update")
@@ -188,8 +216,22 @@ class TorchEngine:
             raise ValueError(f"{self.name}: the weight update lacks {len(missing)} "
                              f"parameters, e.g. {missing[:3]}; send every parameter")
         self.weight_version = version
-        if self._table is not None:  # cached prefixes were computed by the old weights
-            self._table.clear_prefixes()
+        if self._table is not None:  # running requests go on under the new weights
+            self._table.set_version(version)
+            self._table.clear_prefixes()  # cached prefixes were computed by the old ones
+
+    def _finish_adapter_update(self, version: int) -> None:
+        """Install the received adapters as ``version``, the one new requests take;
+        in-flight updates (``move_running``) move running requests to it too."""
+        self.adapters.finish(version, self._versions_in_use())
+        self.weight_version = version
+        if self._table is None:
+            return
+        if self.adapters.move_running:
+            for request in self._active.values():
+                request.version = version
+            self._table.set_version(version, sorted(self._active))
+        self._table.clear_prefixes()  # they hold older versions' keys/values
 
     def sleep(self, level: int = 1) -> None:
         """Free the KV cache (colocated with training: give the memory back); ``level``
@@ -229,6 +271,29 @@ class TorchEngine:
                 f"{self.name}: {what} called while generations are in flight; "
                 "sync weights between collections"
             )
+
+    def _versions_in_use(self) -> set[int]:
+        return {r.version for r in self._active.values()}
+
+    def _release_versions(self) -> None:
+        """Drop the adapter versions no running request uses any more (LoRA)."""
+        if self.adapters is not None:
+            self.adapters.keep(self._versions_in_use())
+
+    def _rows_under(self, versions: list[int]) -> Any:
+        """The forward's rows run under these adapter versions (no-op without LoRA)."""
+        if self.adapters is None:
+            return contextlib.nullcontext()
+        return self.adapters.selected(versions)
+
+    def _slots_under(self, hi: int) -> Any:
+        """Decode rows 0..hi-1 under their slots' versions; a row without a running
+        request takes a running one's version (no extra version computed)."""
+        if self.adapters is None:
+            return contextlib.nullcontext()
+        fill = next(iter(self._active.values())).version
+        return self._rows_under([self._active[s].version if s in self._active else fill
+                                 for s in range(hi)])
 
     def _check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:
@@ -289,19 +354,22 @@ class TorchEngine:
                 admitted.append(request)
         if not admitted:
             return
+        for request in admitted:
+            request.version = self.weight_version  # the newest weights (adapter version)
         cache, table = self._ensure_cache(
             max(len(r.prompt_ids) + r.max_tokens - 1 for r in admitted))
         plan = plan_admission(admitted, cache, table, self.batch_invariant)
         first = [(r, logits) for r, logits in plan.copied]
         for batch in prefill_batches(plan.compute, self.batch_invariant):
-            first += prefill(self.model, batch, cache, table)
+            with self._rows_under([r.version for r, _ in batch]):
+                first += prefill(self.model, batch, cache, table)
             self.num_forwards += 1
         leader_logits = {id(r): logits for r, logits in first}
         for request, leader in plan.followers:
             cache.copy_prefix(leader.slot, request.slot, len(request.prompt_ids))
             first.append((request, leader_logits[id(leader)]))
         for request, _ in first:
-            table.start(request.slot, request, self.weight_version)
+            table.start(request.slot, request, request.version)
             self._active[request.slot] = request
             self._num_stop_strings += bool(request.params.stop)
         rows = torch.tensor([r.slot for r, _ in first], device=table.device)
@@ -320,8 +388,9 @@ class TorchEngine:
             hi, span = self._compact_slots(table, cache), None
         with section("engine/forward"):
             ids = table.last_token[:hi, None]
-            logits = self.model.forward_cached(ids, range(hi), cache, span,
-                                               num_new=table.running[:hi].long())[:, -1]
+            with self._slots_under(hi):
+                logits = self.model.forward_cached(ids, range(hi), cache, span,
+                                                   num_new=table.running[:hi].long())[:, -1]
             self.num_forwards += 1
         with section("engine/sampling"):
             rows = torch.tensor(sorted(self._active), device=table.device)
@@ -334,7 +403,7 @@ class TorchEngine:
         assert table is not None
         tokens, logprobs = sample_rows(logits, table.temperature[rows], table.top_p[rows],
                                        table.uniforms(rows))
-        finished = table.record(rows, tokens, logprobs, self.weight_version)
+        finished = table.record(rows, tokens, logprobs)
         done = set(rows[finished].tolist()) if bool(finished.any()) else set()
         for slot in rows.tolist() if self._num_stop_strings else ():
             request = self._active[slot]
@@ -343,6 +412,8 @@ class TorchEngine:
                 done.add(slot)
         for slot in sorted(done):
             self._finish(slot)
+        if done:
+            self._release_versions()
 
     def _compact_slots(self, table: SlotTable, cache: Any) -> int:
         """Move running requests down into free slots when they sit sparsely in a wide
@@ -388,6 +459,8 @@ class TorchEngine:
                 self._num_stop_strings -= bool(request.params.stop)
                 if self._table is not None:
                     self._table.release(request.slot, None, None)
+        if cancelled:
+            self._release_versions()
 
 
 def _hits_stop_string(tokenizer: Any, stops: tuple[str, ...], tokens: list[int]) -> bool:

@@ -103,11 +103,13 @@ def test_a_keys_next_prompt_continues_the_slot_it_extends_most():
     table = SlotTable(3, torch.device("cpu"))
     for slot, held in [(0, [1, 2, 3, 4]), (1, [1, 2, 7, 8, 9, 10]), (2, [1, 2, 7, 8, 9])]:
         table.claim(slot)
+        table.cached_under[slot] = 0  # its keys/values came from weights version 0
         table.release(slot, "rollout-1", held)
-    assert table.continuation_of("rollout-1", [1, 2, 7, 8, 9, 10, 11]) == (1, 6)
-    assert table.continuation_of("rollout-1", [1, 2, 3, 9]) == (0, 3)
-    assert table.continuation_of("rollout-2", [1, 2, 3, 9]) is None  # another rollout's
-    assert table.continuation_of("rollout-1", [1, 2, 7]) == (1, 2)  # one token left to run
+    assert table.continuation_of("rollout-1", [1, 2, 7, 8, 9, 10, 11], 0) == (1, 6)
+    assert table.continuation_of("rollout-1", [1, 2, 3, 9], 0) == (0, 3)
+    assert table.continuation_of("rollout-2", [1, 2, 3, 9], 0) is None  # another rollout's
+    assert table.continuation_of("rollout-1", [1, 2, 7], 0) == (1, 2)  # one token left to run
+    assert table.continuation_of("rollout-1", [1, 2, 3, 9], 1) is None  # other weights
 
 
 def test_new_weights_forget_cached_prefixes(tiny_model, tiny_ckpt):
