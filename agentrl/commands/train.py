@@ -29,6 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="continue from the newest checkpoint in --out: no rollout "
                              "lost or trained twice; bit-exact with train.deterministic "
                              "(docs/resume.md)")
+    parser.add_argument("--profile", action="store_true",
+                        help="time where each step goes (engine forward, sampling, chat "
+                             "template, tokenizer, environment, packing, forward, backward, "
+                             "optimizer...): profile/* in metrics.jsonl and a table at the "
+                             "end (docs/profiling.md)")
+    parser.add_argument("--profile-trace", type=int, default=None, metavar="STEP",
+                        help="with --profile: record step STEP with torch.profiler into "
+                             "OUT/profile/step_STEP.trace.json (Chrome trace) and .ops.txt")
     parser.add_argument("--checked", action="store_true", help=argparse.SUPPRESS)
     # (--checked: the local launcher already printed the plan and ran the plan-time checks)
 
@@ -42,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     check_rank_count(config)
+    if args.profile or args.profile_trace is not None:
+        from agentrl.observe.profile import PROFILER
+
+        PROFILER.enable(trace_step=args.profile_trace)
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     if needs_local_launch(config):
         print(describe_plan(plan_batches(config)))
@@ -123,4 +135,8 @@ def _command_line(args: argparse.Namespace, out: Path) -> list[str]:
     line = ["train", str(args.config), "--out", str(out)]
     for override in args.overrides:
         line += ["--set", override]
+    if args.profile or args.profile_trace is not None:
+        line.append("--profile")
+    if args.profile_trace is not None:
+        line += ["--profile-trace", str(args.profile_trace)]
     return line + (["--resume"] if args.resume else [])

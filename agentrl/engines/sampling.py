@@ -21,9 +21,12 @@ def scaled_logprobs(logits_v: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.log_softmax(scaled_logits(logits_v, temperature), dim=-1)
 
 
-def top_p_mask(probs_v: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero the tail of ``probs_v`` outside the smallest set with mass >= top_p (nucleus)."""
-    if top_p >= 1.0:
+def top_p_mask(probs_v: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
+    """Zero the tail of ``probs_v`` [..., V] outside the smallest set with mass >= top_p
+    (nucleus); ``top_p`` a float or one per row ([...] tensor)."""
+    if isinstance(top_p, torch.Tensor):
+        top_p = top_p[..., None]
+    elif top_p >= 1.0:
         return probs_v
     sorted_probs, order = torch.sort(probs_v, descending=True)
     # keep a token when the mass strictly before it is below top_p (so the top one always stays)
@@ -48,3 +51,37 @@ def sample_token(
         token = int(torch.multinomial(probs_v, 1, generator=generator))
     logprob = target_logprobs(logits_v, torch.tensor(token), temperature)
     return token, float(logprob)
+
+
+def sample_rows(
+    logits_nv: torch.Tensor, temperature_n: torch.Tensor, top_p_n: torch.Tensor,
+    uniform_n: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row of ``logits_nv`` [N, V] at once, without a Python loop.
+
+    Row i samples at temperature ``temperature_n[i]`` (0: greedy) from its nucleus
+    ``top_p_n[i]`` by inverting the CDF at ``uniform_n[i]`` in [0, 1): the request's own
+    random number for this token, drawn from its own generator when it was admitted, so
+    what a request draws never depends on the other rows. Returns (tokens [N] long,
+    log-probs [N] float32): log_softmax(logits / T)[token] with T = 1 for greedy, the
+    definition of ``agentrl.model.logprobs`` (z[y] − logsumexp(z) in float32).
+    """
+    scale = torch.where(temperature_n > 0, temperature_n, torch.ones_like(temperature_n))
+    z = logits_nv.float() / scale[:, None]
+    lse = torch.logsumexp(z, dim=-1)
+    greedy = z.argmax(dim=-1)
+    tokens = greedy
+    sampling = temperature_n > 0
+    if bool(sampling.any()):
+        probs = (z - lse[:, None]).exp_()
+        if bool((top_p_n < 1.0).any()):
+            probs = top_p_mask(probs, top_p_n)
+        cdf = probs.cumsum_(dim=-1)
+        # the first token whose cumulative mass passes u × total: exact inverse-CDF
+        # sampling (right side: a zero-probability token is never drawn)
+        target = (uniform_n.to(cdf.dtype) * cdf[:, -1])[:, None]
+        drawn = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+        drawn = drawn.clamp_(max=logits_nv.shape[-1] - 1)
+        tokens = torch.where(sampling, drawn, greedy)
+    logprobs = z.gather(-1, tokens[:, None]).squeeze(-1) - lse
+    return tokens, logprobs

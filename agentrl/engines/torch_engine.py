@@ -3,15 +3,28 @@
 Many rollouts call ``generate`` concurrently from one asyncio loop. Each call queues a
 request; one background task (started on demand, ending when idle) repeatedly
 
-1. admits queued requests into free cache slots and prefills each prompt (one forward per
-   prompt, since prompts differ in length), sampling its first token;
-2. decodes every active slot by one token in a single batched forward ``[N, 1]``;
+1. admits queued requests into free cache slots: a prompt already prefilled (the other
+   rollouts of a group) is copied from its slot with its last-position logits, a prompt
+   continuing an idle slot's conversation (the same ``key``: the rollout's next turn)
+   prefills only its new tokens there, the rest are prefilled together in one padded
+   forward (``agentrl.engines.admission``); then every admitted request samples its
+   first token;
+2. decodes every running slot by one token in a single batched forward over a run of
+   slots ``[N, 1]``, reading the cache in place, up to the longest filled position;
+   sampling, stop checks and bookkeeping are tensor operations over all rows at once
+   (``agentrl.engines.slot_table``), with Python work only when a request finishes;
 3. resolves the futures of the requests that finished.
 
-Every request samples with its own ``torch.Generator`` (seeded by ``SamplingParams.seed``
-or the engine's counter), so what a request draws does not depend on which other requests
-shared its batch. Log-probs follow ``agentrl.engines.sampling``: log_softmax(logits / T)
-of the sampled token, the distribution the trainer recomputes at the same temperature.
+The KV cache is sized to what the admitted requests can reach (prompt + max_tokens) and
+grows on demand up to ``max_len`` (``agentrl.model.kv_cache``). When few requests are
+left in a wide run of slots, the running ones move down (their cache copied) so a decode
+step never computes many empty rows.
+
+Every request draws its random numbers from its own ``torch.Generator`` (seeded by
+``SamplingParams.seed`` or the engine's counter) when it is admitted, one per token, so
+what a request draws does not depend on which other requests shared its batch. Log-probs
+follow ``agentrl.engines.sampling``: log_softmax(logits / T) of the sampled token, the
+distribution the trainer recomputes at the same temperature.
 
 The forward runs on the event loop's thread: while a step computes, no environment code
 runs on the loop (environments run their ``step`` in worker threads).
@@ -21,16 +34,26 @@ matrix products round differently for different batch sizes (on CPU a one-row pr
 a GEMV, several rows a GEMM; attention's reductions follow the longest row), so a
 request's logits, and rarely its tokens, depend on which requests shared its decode
 steps, which depends on timing. In this mode every decode step runs all
-``max_batch_size`` slots (free ones on a dummy token) over the whole ``max_len`` span, so
-the forward's shapes never change and each request's tokens and log-probs are the same
-bits whatever else runs. Prefill is one prompt per forward in both modes. The price is
-decode work for idle slots: ``bench/batch_invariance.py`` measures it.
+``max_batch_size`` slots (free ones masked) over the whole ``max_len`` span, so the
+forward's shapes never change and each request's tokens and log-probs are the same bits
+whatever else runs. Prefill is then one prompt per forward, an identical prompt is still
+copied (the same bits as its own prefill), and conversations are never continued from a
+slot (a partial prefill rounds differently). The price is decode work for idle slots and
+a cache of ``max_len`` positions: ``bench/batch_invariance.py`` measures it.
 
 Weight sync is a session (``start_weight_update`` → ``load_bucket`` per bucket →
 ``finish_weight_update``, see ``agentrl.engines.weight_sync``): tensors are copied into
 the engine's own model one bucket at a time, and the version is bumped only once every
 parameter arrived. ``sleep`` frees the KV cache (the analogue of vLLM's sleep mode for a
-replica colocated with training); the next request allocates it again.
+replica colocated with training); the next request allocates it again. New weights
+make every cached prefix stale: idle slots and stored prompts are forgotten, and a slot
+whose cache came from older weights is never reused by a request under newer ones.
+
+LoRA (``adapters``, ``agentrl.engines.adapters``): a sync installs a new adapter version
+beside the live ones and never waits. Each request runs under the version newest at its
+admission (its slot's row in the table); every prefill and decode forward runs each row
+under its slot's version, every token records it, and versions no running slot uses are
+dropped when requests finish.
 """
 
 from __future__ import annotations
@@ -38,11 +61,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from agentrl.engines.admission import Request, plan_admission, prefill, prefill_batches
 from agentrl.engines.interface import (
     Generation,
     NamedTensors,
@@ -50,23 +73,9 @@ from agentrl.engines.interface import (
     WeightSyncError,
     next_version,
 )
-from agentrl.engines.sampling import sample_token
-
-
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    future: asyncio.Future
-    generator: torch.Generator
-    max_tokens: int
-    slot: int = -1
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    version: int = 0
-    """The adapter version the request runs under (LoRA engines; set on admission)."""
+from agentrl.engines.sampling import sample_rows
+from agentrl.engines.slot_table import SlotTable
+from agentrl.observe.profile import section
 
 
 class TorchEngine:
@@ -101,8 +110,13 @@ class TorchEngine:
         self.batch_invariant = batch_invariant
         self._seed_counter = itertools.count(seed * 1_000_003)
         self._cache: Any = None
-        self._pending: list[_Request] = []
-        self._active: dict[int, _Request] = {}
+        self._table: SlotTable | None = None
+        self._pending: list[Request] = []
+        self._active: dict[int, Request] = {}
+        """Admitted, unfinished requests by slot."""
+        self._cancelled: list[Request] = []
+        self._num_stop_strings = 0
+        """Active requests with stop strings (checked by decoding, one by one)."""
         self._worker: asyncio.Task | None = None
         self.num_forwards = 0
         """Forwards run so far (prefills + decode steps), for benchmarks and tests."""
@@ -125,19 +139,23 @@ class TorchEngine:
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, key: str | None = None
     ) -> Generation:
-        """Complete one prompt; concurrent calls are decoded together in one batch (one
-        engine has one cache, so ``key`` changes nothing here)."""
+        """Complete one prompt; concurrent calls are decoded together in one batch.
+        ``key`` (the rollout's id): a later prompt with the same key that extends this
+        one reuses its cached prefix (module docstring)."""
         self._check_request(prompt_ids, params)
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else next(self._seed_counter))
-        request = _Request(
+        request = Request(
             prompt_ids=list(prompt_ids),
             params=params,
             future=asyncio.get_running_loop().create_future(),
             generator=generator,
             # a slot holds prompt + generated tokens; the last sampled token is never fed back
             max_tokens=min(params.max_tokens, self.max_len - len(prompt_ids) + 1),
+            key=key,
         )
+        request.future.add_done_callback(
+            lambda f, r=request: self._cancelled.append(r) if f.cancelled() else None)
         self._pending.append(request)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._run())
@@ -188,11 +206,7 @@ class TorchEngine:
     def finish_weight_update(self, version: int) -> None:
         """End the session: every parameter must have arrived; then serve ``version``."""
         if self.adapters is not None:
-            self.adapters.finish(version, self._versions_in_use())
-            if self.adapters.move_running:  # in-flight updates: running requests move too
-                for request in self._active.values():
-                    request.version = version
-            self.weight_version = version
+            self._finish_adapter_update(version)
             return
         received, self._receiving = self._receiving, None
         if received is None:
@@ -202,12 +216,28 @@ class TorchEngine:
             raise ValueError(f"{self.name}: the weight update lacks {len(missing)} "
                              f"parameters, e.g. {missing[:3]}; send every parameter")
         self.weight_version = version
+        if self._table is not None:  # running requests go on under the new weights
+            self._table.set_version(version)
+            self._table.clear_prefixes()  # cached prefixes were computed by the old ones
+
+    def _finish_adapter_update(self, version: int) -> None:
+        """Install the received adapters as ``version``, the one new requests take;
+        in-flight updates (``move_running``) move running requests to it too."""
+        self.adapters.finish(version, self._versions_in_use())
+        self.weight_version = version
+        if self._table is None:
+            return
+        if self.adapters.move_running:
+            for request in self._active.values():
+                request.version = version
+            self._table.set_version(version, sorted(self._active))
+        self._table.clear_prefixes()  # they hold older versions' keys/values
 
     def sleep(self, level: int = 1) -> None:
         """Free the KV cache (colocated with training: give the memory back); ``level``
         is accepted for symmetry with vLLM, weights stay in place."""
         self._require_idle("sleep")
-        self._cache = None
+        self._cache = self._table = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -220,7 +250,8 @@ class TorchEngine:
         return self._cache is None
 
     def kv_cache_bytes(self) -> int:
-        """Bytes the KV cache takes once allocated (``max_batch_size`` × ``max_len``)."""
+        """Bytes the KV cache takes at most (``max_batch_size`` × ``max_len``; it is
+        allocated for what the admitted requests can reach and grows toward this)."""
         from agentrl.model.kv_cache import kv_cache_bytes
 
         args = self.model.config
@@ -234,9 +265,7 @@ class TorchEngine:
         # requests whose caller was cancelled (dynamic sampling stops a collection early)
         # leave when the batching loop next runs; they hold nothing that matters now
         self._pending = [r for r in self._pending if not r.future.done()]
-        for slot, request in list(self._active.items()):
-            if request.future.done():
-                del self._active[slot]
+        self._drop_cancelled()
         if self._pending or self._active:
             raise RuntimeError(
                 f"{self.name}: {what} called while generations are in flight; "
@@ -246,11 +275,25 @@ class TorchEngine:
     def _versions_in_use(self) -> set[int]:
         return {r.version for r in self._active.values()}
 
+    def _release_versions(self) -> None:
+        """Drop the adapter versions no running request uses any more (LoRA)."""
+        if self.adapters is not None:
+            self.adapters.keep(self._versions_in_use())
+
     def _rows_under(self, versions: list[int]) -> Any:
         """The forward's rows run under these adapter versions (no-op without LoRA)."""
         if self.adapters is None:
             return contextlib.nullcontext()
         return self.adapters.selected(versions)
+
+    def _slots_under(self, hi: int) -> Any:
+        """Decode rows 0..hi-1 under their slots' versions; a row without a running
+        request takes a running one's version (no extra version computed)."""
+        if self.adapters is None:
+            return contextlib.nullcontext()
+        fill = next(iter(self._active.values())).version
+        return self._rows_under([self._active[s].version if s in self._active else fill
+                                 for s in range(hi)])
 
     def _check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:
@@ -272,10 +315,11 @@ class TorchEngine:
         """The batching loop; ends when nothing is pending or active."""
         try:
             while self._pending or self._active:
+                self._drop_cancelled()
                 with torch.inference_mode():
-                    self._admit()
+                    with section("engine/prefill"):
+                        self._admit()
                     self._decode_step()
-                self._resolve_finished()
                 await asyncio.sleep(0)  # let rollouts queue new requests between steps
         except Exception as exc:  # fail every waiting caller rather than hang them
             for request in [*self._pending, *self._active.values()]:
@@ -283,93 +327,145 @@ class TorchEngine:
                     request.future.set_exception(exc)
             self._pending.clear()
             self._active.clear()
+            self._cache = self._table = None
+            self._num_stop_strings = 0
             raise
 
-    def _ensure_cache(self) -> Any:
+    def _ensure_cache(self, positions: int) -> tuple[Any, SlotTable]:
+        """The cache (room for ``positions`` per slot; all of ``max_len`` when batch
+        invariant) and the slot table, created on first use."""
         if self._cache is None:
-            self._cache = self.model.new_kv_cache(self.max_batch_size, self.max_len)
-        return self._cache
+            capacity = self.max_len if self.batch_invariant else max(positions, 1)
+            self._cache = self.model.new_kv_cache(self.max_batch_size, self.max_len, capacity)
+            self._table = SlotTable(self.max_batch_size, self._cache.lengths.device)
+        self._cache.ensure_capacity(positions)
+        assert self._table is not None
+        return self._cache, self._table
+
+    # ------------------------------------------------------------------ admission
 
     def _admit(self) -> None:
-        """Prefill queued prompts into free slots and sample their first token."""
-        cache = self._ensure_cache()
-        free = [s for s in range(self.max_batch_size) if s not in self._active]
-        while self._pending and free:
+        """Give queued requests slots and their prompts' cache; sample their first token."""
+        room = self.max_batch_size - len(self._active)
+        admitted = []
+        while self._pending and len(admitted) < room:
             request = self._pending.pop(0)
-            if request.future.done():  # cancelled while queued
-                continue
-            request.slot = free.pop(0)
+            if not request.future.done():  # else: cancelled while queued
+                admitted.append(request)
+        if not admitted:
+            return
+        for request in admitted:
             request.version = self.weight_version  # the newest weights (adapter version)
-            cache.lengths[request.slot] = 0  # the slot's old contents are dead
-            device = cache.lengths.device
-            input_ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
-            slots = torch.tensor([request.slot], device=device)
-            with self._rows_under([request.version]):
-                logits = self.model.forward_cached(input_ids, slots, cache)
+        cache, table = self._ensure_cache(
+            max(len(r.prompt_ids) + r.max_tokens - 1 for r in admitted))
+        plan = plan_admission(admitted, cache, table, self.batch_invariant)
+        first = [(r, logits) for r, logits in plan.copied]
+        for batch in prefill_batches(plan.compute, self.batch_invariant):
+            with self._rows_under([r.version for r, _ in batch]):
+                first += prefill(self.model, batch, cache, table)
             self.num_forwards += 1
+        leader_logits = {id(r): logits for r, logits in first}
+        for request, leader in plan.followers:
+            cache.copy_prefix(leader.slot, request.slot, len(request.prompt_ids))
+            first.append((request, leader_logits[id(leader)]))
+        for request, _ in first:
+            table.start(request.slot, request, request.version)
             self._active[request.slot] = request
-            # sample on CPU: per-request generators live there, and results stay device-free
-            self._append_sample(request, logits[0, -1].float().cpu())
+            self._num_stop_strings += bool(request.params.stop)
+        rows = torch.tensor([r.slot for r, _ in first], device=table.device)
+        self._sample(rows, torch.stack([logits for _, logits in first]))
+
+    # ------------------------------------------------------------------ decoding
 
     def _decode_step(self) -> None:
-        """Feed every active slot's last token in one batched forward."""
-        running = [r for r in self._active.values() if r.finish_reason is None]
-        if not running:
+        """Feed every running slot's last token in one batched forward."""
+        table, cache = self._table, self._cache
+        if not self._active or table is None:
             return
-        cache = self._cache
         if self.batch_invariant:  # every slot, whole span: shapes never change
-            by_slot = {r.slot: r for r in running}
-            for slot in range(self.max_batch_size):
-                if slot not in by_slot:  # free or finished: its cache is dead, reuse pos 0
-                    cache.lengths[slot] = 0
-            tokens = [by_slot[s].token_ids[-1] if s in by_slot else 0
-                      for s in range(self.max_batch_size)]
-            slot_ids, span = list(range(self.max_batch_size)), self.max_len
+            hi, span = self.max_batch_size, self.max_len
         else:
-            tokens, slot_ids, span = [r.token_ids[-1] for r in running], [
-                r.slot for r in running], None
-        device = cache.lengths.device
-        input_ids = torch.tensor([[t] for t in tokens], dtype=torch.long, device=device)
-        slots = torch.tensor(slot_ids, dtype=torch.long, device=device)
-        by_slot = {r.slot: r.version for r in running}
-        with self._rows_under([by_slot.get(s, self.weight_version) for s in slot_ids]):
-            last_logits = self.model.forward_cached(input_ids, slots, cache, span)[:, -1]
-        self.num_forwards += 1
-        last_logits = last_logits.float().cpu()  # one transfer per step, not per request
-        row_of = {slot: row for row, slot in enumerate(slot_ids)}
-        for request in running:
-            self._append_sample(request, last_logits[row_of[request.slot]])
+            hi, span = self._compact_slots(table, cache), None
+        with section("engine/forward"):
+            ids = table.last_token[:hi, None]
+            with self._slots_under(hi):
+                logits = self.model.forward_cached(ids, range(hi), cache, span,
+                                                   num_new=table.running[:hi].long())[:, -1]
+            self.num_forwards += 1
+        with section("engine/sampling"):
+            rows = torch.tensor(sorted(self._active), device=table.device)
+            self._sample(rows, logits[rows])
 
-    def _append_sample(self, request: _Request, logits_v: torch.Tensor) -> None:
-        params = request.params
-        token, logprob = sample_token(logits_v, params.temperature, params.top_p,
-                                      request.generator)
-        request.token_ids.append(token)
-        request.logprobs.append(logprob)
-        request.versions.append(request.version if self.adapters is not None
-                                else self.weight_version)
-        if token in params.stop_token_ids or self._hit_stop_string(request):
-            request.finish_reason = "stop"
-        elif len(request.token_ids) >= request.max_tokens:
-            request.finish_reason = "length"
+    def _sample(self, rows: torch.Tensor, logits: torch.Tensor) -> None:
+        """Sample the next token of each slot in ``rows`` from its logits; finish those
+        that stopped."""
+        table = self._table
+        assert table is not None
+        tokens, logprobs = sample_rows(logits, table.temperature[rows], table.top_p[rows],
+                                       table.uniforms(rows))
+        finished = table.record(rows, tokens, logprobs)
+        done = set(rows[finished].tolist()) if bool(finished.any()) else set()
+        for slot in rows.tolist() if self._num_stop_strings else ():
+            request = self._active[slot]
+            if slot not in done and request.params.stop and _hits_stop_string(
+                    self.tokenizer, request.params.stop, table.output(slot)[0]):
+                done.add(slot)
+        for slot in sorted(done):
+            self._finish(slot)
+        if done:
+            self._release_versions()
 
-    def _hit_stop_string(self, request: _Request) -> bool:
-        if not request.params.stop:
-            return False
-        # decode a tail long enough to contain any stop string that just completed
-        window = max(len(s) for s in request.params.stop) + 8
-        text = self.tokenizer.decode(request.token_ids[-window:])
-        return any(stop in text for stop in request.params.stop)
-
-    def _resolve_finished(self) -> None:
-        for slot, request in list(self._active.items()):
-            if request.finish_reason is None and not request.future.cancelled():
+    def _compact_slots(self, table: SlotTable, cache: Any) -> int:
+        """Move running requests down into free slots when they sit sparsely in a wide
+        run of slots; returns the run's length (highest running slot + 1)."""
+        hi = max(self._active) + 1
+        if 2 * len(self._active) >= hi or hi < 8:
+            return hi
+        for target in range(hi):
+            source = max(self._active)
+            if source <= target:
+                break
+            if target in self._active:
                 continue
-            del self._active[slot]
-            if self.adapters is not None:  # versions no running request uses any more
-                self.adapters.keep(self._versions_in_use())
-            if not request.future.done():  # the caller may have been cancelled
-                request.future.set_result(
-                    Generation(request.token_ids, request.logprobs, request.finish_reason,
-                               versions=request.versions)
-                )
+            table.claim(target)
+            cache.copy_prefix(source, target, int(cache.lengths[source]))
+            table.move(source, target)
+            request = self._active.pop(source)
+            request.slot = target
+            self._active[target] = request
+        return max(self._active) + 1
+
+    def _finish(self, slot: int) -> None:
+        """Resolve a finished request and leave its slot idle, holding its tokens."""
+        request = self._active.pop(slot)
+        table = self._table
+        tokens, logprobs, versions = table.output(slot)
+        stopped = tokens[-1] in request.params.stop_token_ids or (
+            bool(request.params.stop) and _hits_stop_string(self.tokenizer,
+                                                            request.params.stop, tokens))
+        if request.params.stop:
+            self._num_stop_strings -= 1
+        table.release(slot, request.key, request.prompt_ids + tokens[:-1])
+        if not request.future.done():  # the caller may have been cancelled
+            request.future.set_result(Generation(
+                tokens, logprobs, "stop" if stopped else "length", versions=versions))
+
+    def _drop_cancelled(self) -> None:
+        """Free the slots of requests whose caller was cancelled."""
+        cancelled, self._cancelled = self._cancelled, []
+        for request in cancelled:
+            if self._active.get(request.slot) is request:
+                del self._active[request.slot]
+                self._num_stop_strings -= bool(request.params.stop)
+                if self._table is not None:
+                    self._table.release(request.slot, None, None)
+        if cancelled:
+            self._release_versions()
+
+
+def _hits_stop_string(tokenizer: Any, stops: tuple[str, ...], tokens: list[int]) -> bool:
+    """Whether the decoded tail of ``tokens`` (long enough for any stop string that just
+    completed) contains one of ``stops``."""
+    window = max(len(s) for s in stops) + 8
+    text = tokenizer.decode(tokens[-window:])
+    return any(stop in text for stop in stops)

@@ -1,22 +1,37 @@
 """A slot-based key/value cache for the PyTorch inference engine.
 
-Each concurrent request owns one *slot*: a fixed stretch of ``max_len`` positions in
-every layer's key and value tensors. ``lengths[slot]`` counts the tokens cached there.
+Each concurrent request owns one *slot*: a stretch of positions in every layer's key and
+value tensors, laid out ``[num_slots, kv_heads, capacity, head_dim]`` so that the keys of
+a run of slots up to some length are a view (attention reads them in place, no gather).
+``lengths[slot]`` counts the tokens cached there.
+
+The cache holds ``capacity`` positions per slot and grows (doubling, by whole blocks) up
+to ``max_len`` when a request needs more: it is sized to what the scheduled requests can
+reach, never to the model's maximum positions unless a request does. Growing copies the
+filled part once.
 """
 
 from __future__ import annotations
 
 import torch
 
+GROWTH_BLOCK = 64
+"""Positions are allocated in multiples of this."""
+
 
 def kv_cache_bytes(num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
                    head_dim: int, itemsize: int) -> int:
-    """Bytes a :class:`KVCache` of these dimensions holds (keys and values, every layer)."""
+    """Bytes a :class:`KVCache` of these dimensions holds at most (keys and values, every
+    layer, ``max_len`` positions per slot)."""
     return 2 * num_layers * num_slots * max_len * num_kv_heads * head_dim * itemsize
 
 
+Slots = torch.Tensor | range
+"""Which slots a forward touches: a tensor of slot ids, or a ``range`` (read as a view)."""
+
+
 class KVCache:
-    """Keys and values of every layer, per slot: [num_slots, max_len, kv_heads, head_dim]."""
+    """Keys and values of every layer, per slot: [num_slots, kv_heads, capacity, head_dim]."""
 
     def __init__(
         self,
@@ -27,52 +42,116 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        capacity: int | None = None,
     ) -> None:
+        """``capacity``: positions allocated now (default ``max_len``); the cache grows
+        toward ``max_len`` on demand (:meth:`ensure_capacity`)."""
         if num_slots < 1 or max_len < 1:
             raise ValueError(
                 f"a KV cache needs num_slots >= 1 and max_len >= 1, got {num_slots}, {max_len}"
             )
-        shape = (num_slots, max_len, num_kv_heads, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.num_layers, self.num_slots, self.max_len = num_layers, num_slots, max_len
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.dtype, self.device = dtype, torch.device(device)
+        self.capacity = 0
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
         self.lengths = torch.zeros(num_slots, dtype=torch.long, device=device)
-        self.max_len = max_len
-        self.num_slots = num_slots
+        self.ensure_capacity(min(capacity or max_len, max_len))
+
+    def nbytes(self) -> int:
+        """Bytes allocated now (keys and values, every layer)."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def ensure_capacity(self, positions: int) -> None:
+        """Make room for ``positions`` tokens per slot (at most ``max_len``): reallocate to
+        the larger of that and twice the current capacity, keeping what is cached."""
+        if positions <= self.capacity:
+            return
+        if positions > self.max_len:
+            raise ValueError(f"a KV cache slot cannot hold {positions} tokens: max_len is "
+                             f"{self.max_len}")
+        target = max(positions, 2 * self.capacity)
+        target = min(self.max_len, -(-target // GROWTH_BLOCK) * GROWTH_BLOCK)
+        shape = (self.num_slots, self.num_kv_heads, target, self.head_dim)
+        old = self.capacity
+        for store in (self.keys, self.values):
+            for layer in range(self.num_layers):
+                grown = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                if old:
+                    grown[:, :, :old] = store[layer]
+                if layer < len(store):
+                    store[layer] = grown
+                else:
+                    store.append(grown)
+        self.capacity = target
 
     def reset(self, slot: int) -> None:
         """Free a slot for a new request (its old entries are simply overwritten later)."""
         self.lengths[slot] = 0
 
-    def positions_for(self, slots: torch.Tensor, num_new: int) -> torch.Tensor:
-        """Positions [N, T] the next ``num_new`` tokens of each slot will take; checks room."""
-        if slots.numel() != len(set(slots.tolist())):
-            raise ValueError(f"forward_cached got slot ids {slots.tolist()}; each slot once")
-        start = self.lengths[slots]
-        over = start + num_new > self.max_len
-        if bool(over.any()):
-            slot = int(slots[over.nonzero()[0, 0]])
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Give slot ``target`` the first ``length`` cached positions of ``source`` (a
+        shared prompt, or a request moved to another slot); its length becomes ``length``."""
+        if source != target:
+            for store in (self.keys, self.values):
+                for layer in store:
+                    layer[target, :, :length] = layer[source, :, :length]
+        self.lengths[target] = length
+
+    def positions_for(self, slots: Slots, num_new: int | torch.Tensor) -> torch.Tensor:
+        """Positions [N, T] the next tokens of each slot take (T = ``num_new`` when an int,
+        else ``num_new`` [N] real tokens per row, T their maximum); checks room and grows
+        the cache when a row needs more positions than it holds."""
+        ids = slot_ids(slots, self.lengths.device)
+        if isinstance(slots, torch.Tensor) and ids.numel() != len(set(ids.tolist())):
+            raise ValueError(f"forward_cached got slot ids {ids.tolist()}; each slot once")
+        start = self.lengths[ids]
+        counts = num_new if isinstance(num_new, torch.Tensor) else torch.full_like(
+            start, num_new)
+        end = start + counts
+        longest = int(end.max()) if end.numel() else 0
+        if longest > self.max_len:
+            row = int((end > self.max_len).nonzero()[0, 0])
+            slot = int(ids[row])
             raise ValueError(
                 f"KV cache slot {slot} holds {int(self.lengths[slot])} tokens; adding "
-                f"{num_new} would pass max_len={self.max_len}. Create the cache with a larger "
-                "max_len or end the request before it outgrows it."
+                f"{int(counts[row])} would pass max_len={self.max_len}. Create the cache with "
+                "a larger max_len or end the request before it outgrows it."
             )
-        return start[:, None] + torch.arange(num_new, device=slots.device)
+        self.ensure_capacity(longest)
+        width = num_new if isinstance(num_new, int) else int(counts.max()) if counts.numel() else 0
+        return start[:, None] + torch.arange(width, device=start.device)
 
     def write(
         self,
         layer: int,
-        slots: torch.Tensor,
+        slots: Slots,
         positions: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        span: int | None = None,
+        span: int,
+        valid: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k/v [N, T, KVH, D] at positions; return the slots' keys/values up to
-        ``span`` (default: the longest new length), as [N, KVH, S, D] for attention."""
-        rows = slots[:, None].expand_as(positions)
-        self.keys[layer][rows, positions] = k.to(self.keys[layer].dtype)
-        self.values[layer][rows, positions] = v.to(self.values[layer].dtype)
-        span = span or int(positions.max()) + 1
-        keys = self.keys[layer][slots, :span].transpose(1, 2)
-        values = self.values[layer][slots, :span].transpose(1, 2)
-        return keys, values
+        """Store k/v [N, T, KVH, D] at positions [N, T] (only where ``valid`` [N, T], when
+        given); return the slots' keys/values over ``span`` positions as [N, KVH, S, D]
+        (a view of the cache for a ``range`` of slots)."""
+        ids = slot_ids(slots, positions.device)
+        rows = ids[:, None].expand_as(positions)
+        keys, values = self.keys[layer], self.values[layer]
+        k, v = k.to(keys.dtype), v.to(values.dtype)
+        if valid is not None:
+            rows, positions, k, v = rows[valid], positions[valid], k[valid], v[valid]
+        keys[rows, :, positions] = k
+        values[rows, :, positions] = v
+        if isinstance(slots, range):
+            return (keys[slots.start:slots.stop, :, :span],
+                    values[slots.start:slots.stop, :, :span])
+        return keys[ids, :, :span], values[ids, :, :span]
+
+
+def slot_ids(slots: Slots, device: torch.device | str) -> torch.Tensor:
+    """The slot ids of ``slots`` as a long tensor on ``device``."""
+    if isinstance(slots, range):
+        return torch.arange(slots.start, slots.stop, device=device)
+    return slots.to(device=device, dtype=torch.long)

@@ -32,7 +32,7 @@ from agentrl.model.attention import (
     resolve_backend,
     varlen_attention,
 )
-from agentrl.model.kv_cache import KVCache
+from agentrl.model.kv_cache import KVCache, Slots, slot_ids
 from agentrl.model.logprobs import TokenScores, chunked_target_logprobs
 from agentrl.model.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
@@ -62,18 +62,19 @@ class _Context:
         cu_seqlens: torch.Tensor | None = None,
         max_seqlen: int = 0,
         cache: KVCache | None = None,
-        slots: torch.Tensor | None = None,
+        slots: Slots | None = None,
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         span: int | None = None,
         bounds: list[int] | None = None,
         deterministic: bool = False,
+        valid: torch.Tensor | None = None,
     ) -> None:
         self.cos, self.sin = cos, sin
         self.cu_seqlens, self.max_seqlen, self.bounds = cu_seqlens, max_seqlen, bounds
         self.deterministic = deterministic
         self.cache, self.slots, self.positions, self.mask = cache, slots, positions, mask
-        self.span = span
+        self.span, self.valid = span, valid
 
 
 class Attention(nn.Module):
@@ -117,7 +118,8 @@ class Attention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: _Context
     ) -> torch.Tensor:
         assert ctx.cache is not None and ctx.slots is not None and ctx.positions is not None
-        keys, values = ctx.cache.write(self.layer, ctx.slots, ctx.positions, k, v, ctx.span)
+        keys, values = ctx.cache.write(self.layer, ctx.slots, ctx.positions, k, v, ctx.span,
+                                       ctx.valid)
         out = masked_attention(q.transpose(1, 2), keys, values, ctx.mask)
         return out.transpose(1, 2)
 
@@ -279,8 +281,10 @@ class CausalLM(nn.Module):
                              f"{tuple(input_ids.shape)} like input_ids")
         return self.lm_head(hidden, targets, temperature, with_entropy, positions)
 
-    def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
-        """An empty cache for ``num_slots`` concurrent requests of up to ``max_len`` tokens."""
+    def new_kv_cache(self, num_slots: int, max_len: int, capacity: int | None = None
+                     ) -> KVCache:
+        """An empty cache for ``num_slots`` concurrent requests of up to ``max_len`` tokens,
+        ``capacity`` positions allocated now (default ``max_len``; it grows on demand)."""
         c = self.config
         return KVCache(
             c.num_hidden_layers,
@@ -290,37 +294,55 @@ class CausalLM(nn.Module):
             c.head_dim,
             dtype=self.dtype,
             device=self.lm_head.weight.device,
+            capacity=capacity,
         )
 
     def forward_cached(
-        self, input_ids: torch.Tensor, slots: torch.Tensor, cache: KVCache,
-        span: int | None = None,
+        self, input_ids: torch.Tensor, slots: Slots, cache: KVCache,
+        span: int | None = None, num_new: torch.Tensor | None = None,
+        last_only: bool = False,
     ) -> torch.Tensor:
         """Append row i of input_ids [N, T] to slot slots[i]; logits [N, T, V] in fp32.
 
         The new tokens take positions ``cache.lengths[slot] + arange(T)`` and attend to
-        everything cached in their slot and causally to each other. Prefill is N=1 with the
-        prompt; batched decode is N active slots with T=1. Lengths advance by T.
-        ``span``: cached positions every row's attention covers (masked past its own
-        length); default the longest row's. A fixed span (``cache.max_len``) keeps every
-        tensor's shape independent of which other slots share the forward.
+        everything cached in their slot and causally to each other. Prefill is one or
+        several prompts (right-padded, ``num_new`` [N] real tokens per row; a row with 0
+        writes nothing); batched decode is the active slots with T=1. Lengths advance by
+        each row's real tokens. ``slots`` as a ``range`` reads the cache in place (no
+        gather). ``span``: cached positions every row's attention covers (masked past its
+        own length); default the longest row's. A fixed span (``cache.max_len``) keeps
+        every tensor's shape independent of which other slots share the forward.
+        ``last_only``: logits [N, V] of each row's last real token only (the LM head runs
+        on N positions instead of N × T).
         """
         n, t = input_ids.shape
-        slots = slots.to(device=cache.lengths.device, dtype=torch.long)
-        if slots.shape != (n,):
-            raise ValueError(f"slots has shape {tuple(slots.shape)}; expected ({n},)")
-        positions = cache.positions_for(slots, t)
-        span = span or int(positions.max()) + 1
+        counts = num_new.to(cache.lengths.device) if num_new is not None else None
+        positions = cache.positions_for(slots, counts if counts is not None else t)
+        if positions.shape != (n, t):
+            raise ValueError(f"slots name {positions.shape[0]} rows of {positions.shape[1]} "
+                             f"tokens; input_ids is {tuple(input_ids.shape)}")
+        valid = None
+        if counts is not None:
+            valid = torch.arange(t, device=positions.device) < counts[:, None]
+        span = min(span or int(positions.max()) + 1, cache.capacity)
         # key j may be seen by the query at position p iff j <= p: past + causal new tokens
         mask = torch.arange(span, device=positions.device) <= positions[:, :, None]
         cos, sin = self._rope(positions)
         ctx = _Context(
             cos, sin, cache=cache, slots=slots, positions=positions, mask=mask.unsqueeze(1),
-            span=span,
+            span=span, valid=valid,
         )
-        logits = self.lm_head(self._hidden(input_ids, ctx))
-        cache.lengths[slots] += t
-        return logits
+        hidden = self._hidden(input_ids, ctx)
+        ids = slot_ids(slots, cache.lengths.device)
+        if counts is None:
+            cache.lengths[ids] += t
+        else:
+            cache.lengths[ids] += counts
+        if last_only:
+            last = (counts - 1).clamp(min=0) if counts is not None else torch.full(
+                (n,), t - 1, device=hidden.device)
+            hidden = hidden[torch.arange(n, device=hidden.device), last.to(hidden.device)]
+        return self.lm_head(hidden)
 
     def _rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(position_ids, self.inv_freq, self.rope_attention_factor, self.dtype)

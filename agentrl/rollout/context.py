@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from agentrl.observe.profile import section
 from agentrl.types import as_dicts
 
 
@@ -48,13 +49,15 @@ class ChatContext:
 
     def render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         """The chat template's text for ``messages``."""
-        return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, add_generation_prompt=generation_prompt
-        )
+        with section("rollout/chat_template"):
+            return self.tokenizer.apply_chat_template(
+                messages, tools=self.tools, add_generation_prompt=generation_prompt
+            )
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens added around it)."""
-        return list(self.tokenizer.encode(text))
+        with section("rollout/tokenizer"):
+            return list(self.tokenizer.encode(text))
 
     def prompt_ids(self) -> list[int]:
         """Encode the whole conversation with the generation prompt (a fresh context)."""
@@ -65,7 +68,8 @@ class ChatContext:
         ids = generated_ids[:-1] if generated_ids and generated_ids[-1] in stop_ids else (
             generated_ids
         )
-        return self.tokenizer.decode(ids)
+        with section("rollout/tokenizer"):
+            return self.tokenizer.decode(ids)
 
     def turn_delta(
         self, generated_ids: list[int], stop_ids: tuple[int, ...], observation: list[Any]

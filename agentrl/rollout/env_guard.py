@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.envs.adapters.remote import REMOTE_KINDS
+from agentrl.observe.profile import PROFILER
 from agentrl.rollout.env_contract import (
     EnvError,
     StepResult,
@@ -291,6 +292,8 @@ class ThreadCaller:
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 outcome = (False, exc)
             clock["end"] = time.monotonic()
+            if PROFILER.enabled:
+                PROFILER.add("rollout/env", clock["end"] - clock["start"])
             box.append(outcome)
             done.set()
             try:
@@ -416,13 +419,17 @@ class ProcessCaller:
         what = what or str(method)
         if self.process is None:
             raise EnvError(_kind(what, "raised"), f"env {self.name!r}: its worker process is gone")
+        start = time.perf_counter()
         try:
             self.conn.send((method, args, kwargs))
         except (OSError, ValueError) as exc:
             self.kill()
             raise EnvError(_kind(what, "raised"), f"env {self.name!r}: cannot reach its worker "
                            f"process ({exc})") from None
-        return self._reply(what, await self._receive(what, timeout_s))
+        reply = await self._receive(what, timeout_s)
+        if PROFILER.enabled:  # until the worker answered (its work runs in parallel)
+            PROFILER.add("rollout/env", time.perf_counter() - start)
+        return self._reply(what, reply)
 
     async def close(self, timeout_s: float) -> None:
         """``env.close()`` in the worker, then stop it (killed if it does not finish)."""

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import math
 import re
-import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -38,6 +36,14 @@ from agentrl.observe.metrics import (
     loss_figures,
     rollout_figures,
     step_stats,
+)
+from agentrl.observe.profile import (
+    PROFILER,
+    format_table,
+    section,
+    step_profile,
+    timed,
+    traced,
 )
 from agentrl.packing import MicroBatch, collate, copy_to_device, plan_micro_batches
 from agentrl.parallel import groups
@@ -66,26 +72,26 @@ class PhaseTimer:
         """Start every phase at zero."""
         self.seconds = dict.fromkeys(PHASES, 0.0)
 
-    @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
+    def __call__(self, phase: str) -> AbstractContextManager[None]:
         """Add the time spent inside the ``with`` block to ``phase``."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[phase] += time.perf_counter() - start
+        return timed(lambda seconds: self._add(phase, seconds))
+
+    def _add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] += seconds
 
 
 def train(run: Run) -> TrainerState:
     """Run steps until ``train.num_steps``, validating, logging and checkpointing."""
     cfg = run.config.train
     health = InvalidRateMonitor(cfg.max_invalid_fraction)
+    profiled: list[dict[str, float]] = []
     try:
         if cfg.eval_every and run.state.step == 0:
             run.writers.write({"step": 0, **cumulative(run.state), **run.validate(0)})
         while run.state.step < cfg.num_steps:
             step = run.state.step + 1
-            metrics = train_step(run, step, health)
+            metrics = profiled_step(run, step, health)
+            profiled += [{k: v for k, v in metrics.items() if k.startswith("profile/")}]
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.num_steps):
                 metrics.update(run.validate(step))
             run.writers.write(metrics)
@@ -96,9 +102,28 @@ def train(run: Run) -> TrainerState:
                                 run.scheduler, tokenizer_dir=run.tokenizer_dir,
                                 lora=run.config.model.lora)
         run.on_main("finished", lambda: None)  # ranks leave once rank 0 wrote everything
+        if PROFILER.enabled and run.is_main:
+            print(format_table([p for p in profiled if p]), flush=True)
     finally:
         run.close()
     return run.state
+
+
+def profiled_step(run: Run, step: int,
+                  health: InvalidRateMonitor | None = None) -> dict[str, Any]:
+    """:func:`train_step`, with its ``profile/*`` figures when profiling is on (and
+    recorded by torch.profiler when it is the ``--profile-trace`` step)."""
+    if not PROFILER.enabled:
+        return train_step(run, step, health)
+    PROFILER.take()  # a validation since the last step is not this step's time
+    if PROFILER.trace_step == step and run.is_main:
+        with traced(step, run.run_dir):
+            metrics = train_step(run, step, health)
+    else:
+        metrics = train_step(run, step, health)
+    phases = {k.removeprefix("time/"): v for k, v in metrics.items() if k.startswith("time/")}
+    metrics.update(step_profile(PROFILER.take(), phases))
+    return metrics
 
 
 def train_step(run: Run, step: int,
@@ -196,11 +221,12 @@ def micro_batches(run: Run, rows: list[Row], advantages: list[float]) -> list[li
     num_updates = max(1, min(run.plan.num_updates, num_rollouts))
     budget = run.config.batch.max_tokens_per_microbatch
     batches = []
-    for chunk in split_by_rollout(rows, num_updates):
-        lengths = [len(rows[i].token_ids) for i in chunk]
-        mine = plan_micro_batches(lengths, budget, run.world_size, run.cost)[run.rank]
-        batches.append([collate(rows, advantages, [chunk[j] for j in mb], run.state.step)
-                        for mb in mine])
+    with section("train/packing"):
+        for chunk in split_by_rollout(rows, num_updates):
+            lengths = [len(rows[i].token_ids) for i in chunk]
+            mine = plan_micro_batches(lengths, budget, run.world_size, run.cost)[run.rank]
+            batches.append([collate(rows, advantages, [chunk[j] for j in mb], run.state.step)
+                            for mb in mine])
     return batches
 
 
@@ -232,12 +258,15 @@ def run_updates(
     stats, norms, lrs, skipped = [], [], [], 0
     for index, batch in enumerate(batches):
         run.optimizer.zero_grad(set_to_none=True)
-        stats.append(forward_backward(run.model, batch, run.config.loss, run.process_group,
-                                      temperature, old_is_current=proximal and index == 0,
-                                      gradient_sync=run.config.train.gradient_sync))
-        norms.append(clip_grad_norm(run.model, run.config.optim.max_grad_norm))
-        lrs.append(run.optimizer.param_groups[0]["lr"])
-        why = step_if_finite(run.optimizer, stats[-1], norms[-1])
+        with section("train/forward_backward"):
+            stats.append(forward_backward(run.model, batch, run.config.loss,
+                                          run.process_group, temperature,
+                                          old_is_current=proximal and index == 0,
+                                          gradient_sync=run.config.train.gradient_sync))
+        with section("train/optimizer"):
+            norms.append(clip_grad_norm(run.model, run.config.optim.max_grad_norm))
+            lrs.append(run.optimizer.param_groups[0]["lr"])
+            why = step_if_finite(run.optimizer, stats[-1], norms[-1])
         if why is not None:
             skipped += 1
             warnings.warn(f"step {run.state.step + 1}, update {index + 1} of {len(batches)}: "

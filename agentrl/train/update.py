@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from agentrl.config import LossConfig
 from agentrl.loss import LossParts, policy_loss
 from agentrl.model.logprobs import TokenScores
+from agentrl.observe.profile import section
 from agentrl.packing import MicroBatch
 from agentrl.parallel import groups
 from agentrl.parallel.fsdp import is_sharded, set_gradient_sync
@@ -136,7 +137,8 @@ def forward_backward(
                 engine_logprobs=mb.engine_logprobs, ref_logprobs=mb.ref_logprobs,
                 ages=mb.ages, cu_seqlens=mb.cu_seqlens,
             )
-            loss.backward()
+            with section("train/backward"):
+                loss.backward()
         sums += _figures(parts, token_entropy, mb.loss_mask, denominator)
         del logprobs, loss  # free this micro-batch's activations before the next
     groups.all_reduce_sum(sums, process_group)

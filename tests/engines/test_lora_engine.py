@@ -129,3 +129,40 @@ def test_adapter_names_are_what_the_trainer_model_holds() -> None:
     add_adapters(model, LORA)
     engine = lora_engine()
     assert set(engine.adapters.shapes) == {n for n, _ in adapter_parameters(model)}
+
+
+@pytest.mark.parametrize("sync_during_turn_1", [False, True])
+def test_a_next_turn_never_continues_a_cache_of_another_adapter_version(
+        sync_during_turn_1: bool) -> None:
+    # prefix reuse on (not batch invariant): the rollout's next turn, under v1, must not
+    # continue the slot its first turn filled under v0, whether v1 came between the turns
+    # or while turn 1 ran (its slot then goes idle after the sync)
+    v0, v1 = adapters(seed=1), adapters(seed=2)
+
+    def engine_at(state, version):
+        model = make_model().eval().requires_grad_(False)
+        engine = TorchEngine(model, max_batch_size=4, max_len=64,
+                             adapters=AdapterVersions(model, LORA))
+        engine.update_weights(state.items(), version=version)
+        return engine
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    engine = engine_at(v0, 0)
+
+    async def two_turns():
+        turn_1 = asyncio.create_task(engine.generate(PROMPT, greedy, key="r"))
+        for _ in range(3 if sync_during_turn_1 else 0):
+            await asyncio.sleep(0)
+        if not sync_during_turn_1:
+            await turn_1
+        engine.update_weights(v1.items(), version=1, in_flight=True)
+        first = await turn_1
+        turn_2 = PROMPT + first.token_ids + [7, 7]
+        return first, turn_2, await engine.generate(turn_2, greedy, key="r")
+
+    first, turn_2, second = asyncio.run(two_turns())
+    assert first.versions == [0] * 8 and second.versions == [1] * 8
+    fresh = asyncio.run(engine_at(v1, 1).generate(turn_2, greedy))
+    assert second.token_ids == fresh.token_ids
+    torch.testing.assert_close(torch.tensor(second.logprobs), torch.tensor(fresh.logprobs),
+                               atol=1e-5, rtol=1e-5)

@@ -95,3 +95,51 @@ def test_duplicate_slots_are_refused(model):
     cache = model.new_kv_cache(num_slots=2, max_len=8)
     with pytest.raises(ValueError, match="each slot once"):
         model.forward_cached(torch.zeros(2, 1, dtype=torch.long), torch.tensor([0, 0]), cache)
+
+
+@torch.no_grad()
+def test_cache_grows_on_demand_and_keeps_what_it_holds(model):
+    seq = tokens(100, 7)
+    full = model(seq.unsqueeze(0))[0]
+    cache = model.new_kv_cache(num_slots=2, max_len=128, capacity=8)
+    small = cache.nbytes()
+    assert cache.capacity < 128
+    slot = torch.tensor([0])
+    out = [model.forward_cached(seq[:5].unsqueeze(0), slot, cache)[0]]
+    for t in range(5, 100):  # passes 8, 64 ... : each growth copies the filled part
+        out.append(model.forward_cached(seq[t : t + 1].unsqueeze(0), slot, cache)[0])
+    assert torch.allclose(torch.cat(out), full, atol=TOL, rtol=0)
+    assert 100 <= cache.capacity <= 128 and cache.nbytes() > small
+
+
+@torch.no_grad()
+def test_padded_batch_prefill_equals_one_prompt_at_a_time(model):
+    prompts = [tokens(9, 11), tokens(3, 12), tokens(6, 13)]
+    cache = model.new_kv_cache(num_slots=3, max_len=32)
+    width = max(len(p) for p in prompts)
+    ids = torch.stack([torch.cat([p, torch.zeros(width - len(p), dtype=torch.long)])
+                       for p in prompts])
+    counts = torch.tensor([len(p) for p in prompts])
+    last = model.forward_cached(ids, torch.tensor([2, 0, 1]), cache, num_new=counts,
+                                last_only=True)
+    assert cache.lengths.tolist() == [3, 6, 9]
+    for row, prompt in enumerate(prompts):
+        assert torch.allclose(last[row], model(prompt.unsqueeze(0))[0, -1], atol=TOL, rtol=0)
+    # then one decode step over the slots as a range (read in place) with a row left out
+    nxt = torch.tensor([[4], [5], [6]])
+    step = model.forward_cached(nxt, range(3), cache, num_new=torch.tensor([1, 0, 1]))
+    assert cache.lengths.tolist() == [4, 6, 10]
+    for slot, prompt in ((2, prompts[0]), (0, prompts[1])):
+        ref = model(torch.cat([prompt, nxt[slot]]).unsqueeze(0))[0, -1]
+        assert torch.allclose(step[slot, -1], ref, atol=TOL, rtol=0)
+
+
+@torch.no_grad()
+def test_copy_prefix_gives_another_slot_the_same_cache(model):
+    seq = tokens(10, 21)
+    cache = model.new_kv_cache(num_slots=2, max_len=16)
+    model.forward_cached(seq[:8].unsqueeze(0), torch.tensor([0]), cache)
+    cache.copy_prefix(0, 1, 8)
+    a = model.forward_cached(seq[8:].unsqueeze(0), torch.tensor([0]), cache)
+    b = model.forward_cached(seq[8:].unsqueeze(0), torch.tensor([1]), cache)
+    assert torch.equal(a, b) and cache.lengths.tolist() == [10, 10]

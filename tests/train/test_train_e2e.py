@@ -104,6 +104,15 @@ def _without_times(record):
 
 
 DETERMINISTIC = ["train.deterministic=true"]
+MIXED = ["train.seed=4"]
+"""A seed whose first steps draw mixed rewards, so the weights move (seed 3's first two
+steps draw reward 0 in every group: every advantage 0, no weight changes)."""
+
+
+def _moved(model_dir, weights) -> bool:
+    """Whether ``weights`` differ from the initial model's anywhere."""
+    start = _weights(model_dir)
+    return any(not torch.equal(start[n], weights[n]) for n in weights)
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +220,7 @@ def test_the_resumed_run_starts_from_the_checkpoint_weights(tmp_path, model_dir)
 
 def test_micro_batch_budget_does_not_change_the_update(tmp_path, model_dir) -> None:
     # a budget holds the longest possible row (plan refuses less): 780 + 10 new tokens
-    context = ["compaction.max_context_tokens=780"]
+    context = ["compaction.max_context_tokens=780", *MIXED]
     small = _train(tmp_path, model_dir, "small", steps=1, budget=800, overrides=context)
     large = _train(tmp_path, model_dir, "large", steps=1, budget=8192, overrides=context)
     assert _metrics(small)[0]["num_micro_batches"] > _metrics(large)[0]["num_micro_batches"]
@@ -219,35 +228,37 @@ def test_micro_batch_budget_does_not_change_the_update(tmp_path, model_dir) -> N
                                                                "step_1")
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-5)
+    assert _moved(model_dir, b)
 
 
 def test_two_data_parallel_ranks_train_the_same_weights(tmp_path, model_dir) -> None:
     # rank 0 collects and broadcasts; each rank trains on its share of the rows; the
     # token count and gradients are summed over ranks, so the weights equal one process's
-    one = _train(tmp_path, model_dir, "one", steps=2)
-    two = _train(tmp_path, model_dir, "two", steps=2, overrides=["train.num_ranks=2"])
+    # (a seed whose draws give mixed rewards, so the weights move: checked below)
+    one = _train(tmp_path, model_dir, "one", steps=2, overrides=MIXED)
+    two = _train(tmp_path, model_dir, "two", steps=2, overrides=["train.num_ranks=2", *MIXED])
     a, b = _weights(one / "checkpoints" / "step_2"), _weights(two / "checkpoints" / "step_2")
     for name in a:  # 4 AdamW updates at lr 1e-2 amplify the reordered float sums a little
         torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4)
     assert [r["num_rollouts"] for r in _metrics(two)] == [4, 4]
     assert _metrics(two)[0]["reward/mean"] == _metrics(one)[0]["reward/mean"]
-    start = _weights(model_dir)
-    assert any(not torch.equal(start[n], b[n]) for n in b)
+    assert _moved(model_dir, b)
 
 
 def test_engine_old_logprobs_skip_the_scoring_pass(tmp_path, model_dir) -> None:
     # two updates per collection: "score" recomputes the old policy before the first
     # update; "engine" takes the engine's log-probs. The torch engine shares the trainer's
     # model, so both are the same policy and the weights agree to float rounding.
-    scored = _train(tmp_path, model_dir, "scored", steps=1)
+    scored = _train(tmp_path, model_dir, "scored", steps=1, overrides=MIXED)
     engine = _train(tmp_path, model_dir, "engine", steps=1,
-                    overrides=['loss.old_logprobs="engine"'])
+                    overrides=['loss.old_logprobs="engine"', *MIXED])
     assert 0 < _metrics(scored)[0]["loss/mismatch_scored"] < 1e-4  # one policy, fp32 both
     assert "loss/mismatch_scored" not in _metrics(engine)[0]
     a, b = _weights(scored / "checkpoints" / "step_1"), _weights(engine / "checkpoints" /
                                                                  "step_1")
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4)
+    assert _moved(model_dir, b)
 
 
 def test_kl_to_the_initial_model_enters_the_loss(tmp_path, model_dir) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from tests.train import test_train_e2e as e2e
-from tests.train.test_train_e2e import _metrics, _train, _weights
+from tests.train.test_train_e2e import MIXED, _metrics, _train, _weights
 
 model_dir = e2e.model_dir  # the same tiny checkpoint fixture
 
@@ -16,11 +16,11 @@ CONTEXT = ["compaction.max_context_tokens=780"]  # rows of <= 790 tokens fit a b
 
 def test_checkpointing_chunks_micro_batches_and_resume_change_no_weight(tmp_path, model_dir):
     plain = _train(tmp_path, model_dir, "plain", steps=2, budget=8192,
-                   overrides=["train.activation_checkpointing=false", *CONTEXT])
+                   overrides=["train.activation_checkpointing=false", *CONTEXT, *MIXED])
     _train(tmp_path, model_dir, "saving", steps=1, budget=800,
-           overrides=MEMORY_SAVING + CONTEXT)
+           overrides=MEMORY_SAVING + CONTEXT + MIXED)
     saving = _train(tmp_path, model_dir, "saving", steps=2, budget=800, resume=True,
-                    overrides=MEMORY_SAVING + CONTEXT)
+                    overrides=MEMORY_SAVING + CONTEXT + MIXED)
     assert _metrics(saving)[0]["num_micro_batches"] > _metrics(plain)[0]["num_micro_batches"]
     a = _weights(plain / "checkpoints" / "step_2")
     b = _weights(saving / "checkpoints" / "step_2")

@@ -1,0 +1,120 @@
+"""How the torch engine admits requests: each one's cache slot, and how its prompt's KV
+cache is made (copied from a slot holding the same prompt, continued from its rollout's
+idle slot, or prefilled, several prompts right-padded into one forward)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentrl.engines.interface import SamplingParams
+from agentrl.engines.slot_table import SlotTable
+
+PREFILL_TOKENS = 4096
+"""Padded tokens one batched prefill forward holds at most (rows × longest new part)."""
+
+
+@dataclass
+class Request:
+    """One ``generate`` call: its prompt, sampling and random numbers, and its slot."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future
+    generator: torch.Generator
+    max_tokens: int
+    key: str | None = None
+    slot: int = -1
+    version: int = 0
+    """The weights it runs under (a LoRA engine: its adapter version), set on admission."""
+
+
+@dataclass
+class Admission:
+    """Admitted requests of one admission round, by how their prompt gets its cache."""
+
+    compute: list[tuple[Request, int]] = field(default_factory=list)
+    """(request, positions already cached in its slot): a forward over the rest."""
+    copied: list[tuple[Request, torch.Tensor]] = field(default_factory=list)
+    """(request, last-position logits): its prompt was copied from another slot."""
+    followers: list[tuple[Request, Request]] = field(default_factory=list)
+    """(request, the request of this round whose identical prompt it copies)."""
+
+
+def plan_admission(admitted: list[Request], cache: Any, table: SlotTable,
+                   batch_invariant: bool) -> Admission:
+    """Choose each request's slot and how its prompt's cache is made; a prompt some slot
+    already holds is copied now. Only a cache computed under the request's version is
+    reused. Batch invariant: never continue a conversation from a slot (a partial prefill
+    rounds differently from a whole one)."""
+    plan = Admission()
+    leaders: dict[tuple[int, tuple[int, ...]], Request] = {}
+    for request in admitted:
+        prompt = (request.version, tuple(request.prompt_ids))
+        source = table.prompt_source(request.prompt_ids, request.version)
+        if source is not None:
+            logits = table.prompt_logits[source]
+            request.slot = _take(table, keep=source, fallback=source)
+            cache.copy_prefix(source, request.slot, len(request.prompt_ids))
+            table.remember_prompt(request.slot, request.prompt_ids, logits, request.version)
+            plan.copied.append((request, logits))
+        elif prompt in leaders:
+            request.slot = _take(table)
+            plan.followers.append((request, leaders[prompt]))
+        elif not batch_invariant and (found := table.continuation_of(
+                request.key, request.prompt_ids, request.version)):
+            request.slot, reused = table.claim(found[0]), found[1]
+            cache.lengths[request.slot] = reused
+            plan.compute.append((request, reused))
+        else:
+            request.slot = _take(table)
+            cache.lengths[request.slot] = 0
+            leaders[prompt] = request
+            plan.compute.append((request, 0))
+    return plan
+
+
+def _take(table: SlotTable, keep: int | None = None, fallback: int | None = None) -> int:
+    """A slot for an admitted request, never ``keep``, unless no other is left and
+    ``fallback`` (the idle slot holding its prompt) can be taken over."""
+    slot = table.take_slot(keep)
+    if slot is None and fallback is not None and fallback not in table.busy:
+        slot = table.claim(fallback)
+    assert slot is not None, "admission takes at most as many requests as free slots"
+    return slot
+
+
+def prefill_batches(compute: list[tuple[Request, int]], batch_invariant: bool
+                    ) -> list[list[tuple[Request, int]]]:
+    """The prompts to prefill, grouped into forwards of at most PREFILL_TOKENS padded
+    tokens; one prompt per forward when batch invariant."""
+    batches: list[list[tuple[Request, int]]] = []
+    batch: list[tuple[Request, int]] = []
+    for item in compute:
+        width = max([len(r.prompt_ids) - start for r, start in [*batch, item]])
+        if batch and (batch_invariant or width * (len(batch) + 1) > PREFILL_TOKENS):
+            batches.append(batch)
+            batch = []
+        batch.append(item)
+    return batches + [batch] if batch else batches
+
+
+def prefill(model: Any, batch: list[tuple[Request, int]], cache: Any, table: SlotTable
+            ) -> list[tuple[Request, torch.Tensor]]:
+    """One forward over the uncached part of each prompt of ``batch`` (right-padded);
+    returns each request's last-position logits and remembers whole prompts' logits for
+    identical prompts admitted later."""
+    device = cache.lengths.device
+    parts = [r.prompt_ids[start:] for r, start in batch]
+    width = max(len(p) for p in parts)
+    ids = torch.tensor([p + [0] * (width - len(p)) for p in parts], device=device)
+    slots = torch.tensor([r.slot for r, _ in batch], device=device)
+    counts = torch.tensor([len(p) for p in parts], device=device)
+    logits = model.forward_cached(ids, slots, cache, num_new=counts, last_only=True)
+    for (request, start), row in zip(batch, logits, strict=True):
+        if start == 0:
+            table.remember_prompt(request.slot, request.prompt_ids, row, request.version)
+    return [(request, row) for (request, _), row in zip(batch, logits, strict=True)]

@@ -1,0 +1,139 @@
+"""agentrl against Hugging Face TRL's GRPOTrainer on the same work, side by side in one run.
+
+Both train the quickstart warm start (``assets/quickstart-sft``) on Countdown graded by
+the same agentrl environment, with the same batch (prompts × samples completions per
+optimizer step, one update per collection), lr, token-level loss (TRL ``loss_type =
+"dapo"``), group-normalized advantages, no KL, temperature 1. Prints steps per minute,
+agentrl's generate/train split, peak resident memory and mean reward of each, and the
+agentrl / TRL ratio. TRL runs in its own venv (``--trl-venv``, default ``.venv-trl``),
+created with ``pip install trl==1.16.0 torch==2.13.0 msgspec gymnasium`` when missing.
+
+    python bench/peers/trl_grpo.py            # 20 steps, 16 prompts x 8 samples
+    python bench/peers/trl_grpo.py --quick    # 2 steps of 4 x 4: checks that it runs
+
+Only the small shape (the quickstart model) so far; note ``uptime`` when you measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("_trl_worker.py")
+ENV_KWARGS = {"num_numbers": 2, "max_number": 9}
+
+CONFIG = """
+[model]
+path = "{model}"
+[batch]
+rollout_batch_size = {prompts}
+n_samples_per_prompt = {samples}
+global_batch_size = {batch}
+max_tokens_per_microbatch = 8192
+[optim]
+lr = {lr}
+[rollout]
+temperature = 1.0
+max_new_tokens = {max_new_tokens}
+max_turns = 1
+max_rollout_tokens = {max_new_tokens}
+max_concurrent_rollouts = {batch}
+[train]
+num_steps = {steps}
+seed = {seed}
+[log]
+live = false
+rollouts_every = 0
+[[environments]]
+id = "agentrl/Countdown-v0"
+kwargs = {{ num_numbers = 2, max_number = 9 }}
+"""
+
+AGENTRL_RUN = """
+import json, resource, sys, time
+from agentrl.cli import main
+start = time.perf_counter()
+assert main(sys.argv[1:]) == 0
+print(json.dumps({"wall_s": time.perf_counter() - start,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def trl_python(venv: Path) -> Path:
+    """The TRL venv's python, creating the venv when it is missing."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "trl==1.16.0",
+                        "torch==2.13.0", "msgspec", "gymnasium"], check=True)
+    return python
+
+
+def run_agentrl(spec: dict, folder: Path) -> dict:
+    """``agentrl train`` on the spec in a child process; its timings from metrics.jsonl."""
+    config = folder / "agentrl.toml"
+    config.write_text(CONFIG.format(batch=spec["prompts"] * spec["samples"], **spec))
+    out = folder / "agentrl-run"
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
+    done = subprocess.run([sys.executable, "-c", AGENTRL_RUN, "train", str(config), "--out",
+                           str(out)], env=env, cwd=ROOT, check=True, capture_output=True,
+                          text=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "time/generate" in s]
+    step_s = sum(s["time/generate"] + s["time/train"] + s["time/sync"] + s["time/other"]
+                 for s in steps)
+    return {"step_s": step_s, "generate_s": sum(s["time/generate"] for s in steps),
+            "train_s": sum(s["time/train"] for s in steps), "steps": len(steps),
+            "reward": sum(s["reward/mean"] for s in steps) / len(steps), **result}
+
+
+def run_trl(spec: dict, folder: Path, python: Path) -> dict:
+    """TRL's GRPOTrainer on the spec in its venv; ``trainer.train()``'s seconds."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(spec["threads"])}
+    done = subprocess.run([str(python), str(WORKER), json.dumps({**spec, "out": str(
+        folder / "trl-run"), "env_kwargs": ENV_KWARGS})], env=env, cwd=ROOT, check=True,
+        capture_output=True, text=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["reward"] = sum(result["rewards"]) / max(1, len(result["rewards"]))
+    return result
+
+
+def main() -> None:
+    """Run both on the same spec, agentrl first, and print the side-by-side table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 steps of 4 prompts x 4")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--trl-venv", type=Path, default=ROOT / ".venv-trl")
+    args = parser.parse_args()
+    prompts, samples, steps = (4, 4, 2) if args.quick else (16, 8, args.steps)
+    spec = {"model": str(ROOT / "assets" / "quickstart-sft"), "prompts": prompts,
+            "samples": samples, "steps": steps, "lr": 3e-4, "max_new_tokens": 40, "seed": 0,
+            "threads": args.threads}
+    python = trl_python(args.trl_venv)
+    print(f"load before: {os.getloadavg()[0]:.2f}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = run_agentrl(spec, Path(tmp))
+        theirs = run_trl(spec, Path(tmp), python)
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+    ours_rate = 60 * ours["steps"] / ours["step_s"]
+    theirs_rate = 60 * theirs["steps"] / theirs["train_s"]
+    print(f"{prompts} prompts x {samples} samples, {steps} steps, 40 new tokens, quickstart "
+          "warm start")
+    print(f"  agentrl: {ours_rate:.2f} steps/min (generate {ours['generate_s']:.1f} s + train "
+          f"{ours['train_s']:.1f} s of {ours['step_s']:.1f} s; process {ours['wall_s']:.1f} s),"
+          f" peak RSS {ours['peak_rss_mb']:.0f} MB, mean reward {ours['reward']:.3f}")
+    print(f"  TRL:     {theirs_rate:.2f} steps/min (trainer.train() {theirs['train_s']:.1f} s), "
+          f"peak RSS {theirs['peak_rss_mb']:.0f} MB, mean reward {theirs['reward']:.3f}")
+    print(f"  agentrl / TRL steps per minute: {ours_rate / theirs_rate:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

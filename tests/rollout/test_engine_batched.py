@@ -1,0 +1,145 @@
+"""The engine's batched decode: sampling all rows at once, prefix reuse, a cache sized to
+the requests."""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentrl.engines.interface import SamplingParams
+from agentrl.engines.sampling import sample_rows, scaled_logprobs, top_p_mask
+from agentrl.engines.slot_table import SlotTable
+from agentrl.engines.torch_engine import TorchEngine
+
+
+def inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    """Reference: the first token whose cumulative mass passes u × total, by a loop."""
+    total, acc = float(probs.sum()), 0.0
+    for token, p in enumerate(probs.tolist()):
+        acc += p
+        if acc > u * total:
+            return token
+    return len(probs) - 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), temperature=st.sampled_from([0.0, 0.5, 1.0, 1.7]),
+       top_p=st.sampled_from([1.0, 0.9, 0.3]))
+def test_sample_rows_matches_one_row_at_a_time(seed, temperature, top_p):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(5, 50, generator=gen) * 3
+    uniform = torch.rand(5, generator=gen)
+    temps = torch.tensor([temperature, 0.0, temperature, 1.0, temperature])
+    tops = torch.tensor([top_p, 1.0, 1.0, top_p, top_p])
+    tokens, logprobs = sample_rows(logits, temps, tops, uniform)
+    for i in range(5):
+        t = float(temps[i])
+        if t == 0:
+            assert int(tokens[i]) == int(logits[i].argmax())
+        else:
+            probs = top_p_mask(torch.softmax(logits[i] / t, dim=-1), float(tops[i]))
+            assert probs[tokens[i]] > 0  # never a token outside the nucleus
+            assert int(tokens[i]) == inverse_cdf(probs, float(uniform[i]))
+        expected = scaled_logprobs(logits[i], t)[tokens[i]]
+        assert torch.allclose(logprobs[i], expected, atol=1e-5)
+
+
+def test_sampled_frequencies_follow_the_distribution():
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]]).expand(20_000, 4)
+    uniform = torch.rand(20_000, generator=torch.Generator().manual_seed(0))
+    tokens, _ = sample_rows(logits, torch.ones(20_000), torch.ones(20_000), uniform)
+    freq = torch.bincount(tokens, minlength=4).float() / 20_000
+    assert torch.allclose(freq, torch.softmax(logits[0], -1), atol=0.015)
+
+
+def generate_all(engine, prompts, params, keys=None):
+    async def together():
+        return await asyncio.gather(*(
+            engine.generate(p, params, key=None if keys is None else keys[i])
+            for i, p in enumerate(prompts)))
+    return asyncio.run(together())
+
+
+def test_a_group_of_identical_prompts_prefills_once(tiny_model):
+    prompt = [5, 9, 40, 41, 42, 43]
+    params = [SamplingParams(temperature=1.0, max_tokens=8, seed=s) for s in range(6)]
+    one_slot = TorchEngine(tiny_model, max_batch_size=1, max_len=64)
+    alone = [asyncio.run(one_slot.generate(prompt, p)) for p in params]  # copies its own slot
+    assert one_slot.num_forwards == 1 + 6 * 7  # one prefill, then decode steps only
+    engine = TorchEngine(tiny_model, max_batch_size=6, max_len=64)
+
+    async def group():
+        return await asyncio.gather(*(engine.generate(prompt, p) for p in params))
+
+    grouped = asyncio.run(group())
+    assert [g.token_ids for g in grouped] == [g.token_ids for g in alone]
+    for g, a in zip(grouped, alone, strict=True):
+        assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(a.logprobs), atol=1e-5)
+    # one prefill forward for the six prompts, then at most 8 decode steps
+    assert engine.num_forwards <= 1 + 8
+
+
+def test_the_next_turn_of_a_rollout_prefills_only_its_new_tokens(tiny_model):
+    greedy = SamplingParams(temperature=0.0, max_tokens=5)
+    engine = TorchEngine(tiny_model, max_batch_size=2, max_len=64)
+    first = asyncio.run(engine.generate([5, 9, 40, 41], greedy, key="rollout-1"))
+    turn2 = [5, 9, 40, 41, *first.token_ids, 300, 301, 302]
+    cache = engine._cache
+    reused = asyncio.run(engine.generate(turn2, greedy, key="rollout-1"))
+    fresh = asyncio.run(TorchEngine(tiny_model, max_batch_size=2, max_len=64).generate(
+        turn2, greedy))
+    assert reused.token_ids == fresh.token_ids
+    assert torch.allclose(torch.tensor(reused.logprobs), torch.tensor(fresh.logprobs),
+                          atol=1e-5)
+    assert engine._cache is cache  # the same slot, continued: no new cache
+
+
+def test_a_keys_next_prompt_continues_the_slot_it_extends_most():
+    # several idle slots of one key, all sharing the chat template's first tokens: the
+    # next prompt continues the slot it shares most with
+    table = SlotTable(3, torch.device("cpu"))
+    for slot, held in [(0, [1, 2, 3, 4]), (1, [1, 2, 7, 8, 9, 10]), (2, [1, 2, 7, 8, 9])]:
+        table.claim(slot)
+        table.cached_under[slot] = 0  # its keys/values came from weights version 0
+        table.release(slot, "rollout-1", held)
+    assert table.continuation_of("rollout-1", [1, 2, 7, 8, 9, 10, 11], 0) == (1, 6)
+    assert table.continuation_of("rollout-1", [1, 2, 3, 9], 0) == (0, 3)
+    assert table.continuation_of("rollout-2", [1, 2, 3, 9], 0) is None  # another rollout's
+    assert table.continuation_of("rollout-1", [1, 2, 7], 0) == (1, 2)  # one token left to run
+    assert table.continuation_of("rollout-1", [1, 2, 3, 9], 1) is None  # other weights
+
+
+def test_new_weights_forget_cached_prefixes(tiny_model, tiny_ckpt):
+    engine = TorchEngine(tiny_model, max_batch_size=2, max_len=64)
+    asyncio.run(engine.generate([5, 9, 40], SamplingParams(temperature=0.0, max_tokens=3),
+                                key="r"))
+    assert engine._table.prompt_slot and engine._table.idle
+    engine.update_weights(list(tiny_model.named_parameters()))
+    assert not engine._table.prompt_slot and not engine._table.idle
+
+
+def test_the_cache_is_sized_to_the_requests_not_the_model(tiny_model):
+    engine = TorchEngine(tiny_model, max_batch_size=8, max_len=4096)
+    generate_all(engine, [[1, 2, 3]] * 8, SamplingParams(temperature=1.0, max_tokens=10))
+    assert engine._cache.capacity == 64  # one growth block holds prompt + 10 tokens
+    assert engine._cache.nbytes() * 64 == engine.kv_cache_bytes()
+
+
+def test_sparse_running_requests_move_down_and_keep_their_tokens(tiny_model):
+    prompts = [[7 + i, 8, 9] for i in range(12)]
+    lengths = [2] * 11 + [20]  # eleven end early: the last one moves to slot 0
+    params = [SamplingParams(temperature=0.0, max_tokens=n) for n in lengths]
+    engine = TorchEngine(tiny_model, max_batch_size=12, max_len=64)
+
+    async def together():
+        return await asyncio.gather(*(engine.generate(p, q) for p, q in
+                                      zip(prompts, params, strict=True)))
+
+    got = asyncio.run(together())
+    alone = asyncio.run(TorchEngine(tiny_model, max_batch_size=1, max_len=64).generate(
+        prompts[-1], params[-1]))
+    assert got[-1].token_ids == alone.token_ids
+    assert [len(g.token_ids) for g in got] == lengths
