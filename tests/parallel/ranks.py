@@ -33,5 +33,10 @@ def spawn_ranks(world: int, fn: Callable[..., Any], *args: Any) -> None:
     Forked, not spawned: the children inherit the imported modules (seconds per rank on
     this machine), and the parent has not started a process group or threads of its own
     that a fork could copy mid-use."""
+    from agentrl.parallel import groups
+
+    # A group of one left by an earlier in-process run would be copied into every child,
+    # where leaving it can wait forever on gloo threads the fork did not copy.
+    groups.destroy_process_group()
     mp.start_processes(_rank_main, args=(world, free_port(), fn, args), nprocs=world,
                        join=True, start_method="fork")
