@@ -32,8 +32,10 @@ CONFIG = ROOT / "examples" / "harness" / "calc_agent.toml"
 SHORT = ["train.num_steps=2", "batch.rollout_batch_size=2", "batch.n_samples_per_prompt=4",
          "batch.global_batch_size=8", "optim.warmup_steps=0", "advantage.scale_by_std=false",
          "train.deterministic=true", "log.rollouts_every=0", "rollout.max_new_tokens=32",
-         "rollout.max_rollout_tokens=96"]
-"""Two steps of 2 groups x 4 rollouts, one update each; advantages reward - group mean."""
+         "rollout.max_rollout_tokens=96", "train.seed=3"]
+"""Two steps of 2 groups x 4 rollouts, one update each; advantages reward - group mean. Seed 3:
+its first step has groups of mixed rewards under the batched sampler's random numbers
+(seeds 0-2 draw uniform groups there, so nothing would train)."""
 
 
 def served_versions(rollout) -> set[int]:

@@ -46,7 +46,9 @@ def test_report_has_no_empty_axes_and_a_legend_everywhere(sampled_run, validatio
     assert len(validation_axes) == (4 if validation else 0)
     assert len([t for t in titles if t.startswith("training reward")]) == 4
     assert [t for t in titles if t in AGENT_TITLES] == AGENT_TITLES
-    assert len(titles) == (18 if validation else 14)
+    # "truncated rollouts by reason" is drawn only when the run truncated a rollout
+    truncated = any(v for r in records for k, v in r.items() if k.startswith("truncated/"))
+    assert len(titles) == (18 if validation else 14) + truncated
     assert "compactions by the policy's tool per rollout" not in titles  # never moved
 
 
@@ -63,12 +65,19 @@ def test_agent_panels_draw_each_environment_and_every_reason(sampled_run) -> Non
                       "b · short"]
     truncation = [t.get_text() for t in
                   by_title["truncated rollouts by reason"].get_legend().get_texts()]
-    assert truncation == ["a · context_budget", "a · longtool · context_budget",
-                          "b · context_budget", "b · longtool · context_budget"]
+    logged = sorted({k for r in records for k, v in r.items()
+                     if k.startswith(("truncated/", "env/")) and "truncated/" in k and v})
+    reasons = [k.removeprefix("env/").replace("/truncated/", " · ").removeprefix("truncated/")
+               for k in logged if k.startswith("truncated/")] + [
+               k.removeprefix("env/").replace("/truncated/", " · ")
+               for k in logged if k.startswith("env/")]
+    assert "context_budget" in reasons and "longtool · context_budget" in reasons
+    assert truncation == [f"{run} · {reason}" for run in "ab" for reason in reasons]
     invalid = by_title["invalid rollouts by reason"]
     assert [ln.get_ydata().tolist() for ln in invalid.lines] == [[2.0, 2.0]] * 4
     tool_errors = by_title["tool errors by kind"]
-    assert tool_errors.lines[0].get_ydata().tolist() == [4.0, 4.0]  # 4 longtool rollouts
+    by_label = {ln.get_label(): ln.get_ydata().tolist() for ln in tool_errors.lines}
+    assert by_label["a · longtool · tool_exception"] == [4.0, 4.0]  # 4 longtool rollouts
     plt.close(fig)
 
 
