@@ -30,7 +30,6 @@ gradient disappears from backward.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import msgspec
@@ -38,7 +37,7 @@ import msgspec
 from agentrl.config import Config
 from agentrl.engines.build import engine_max_len
 from agentrl.model.args import ModelArgs
-from agentrl.model.lora import adapter_shapes
+from agentrl.model.lora import adapter_shapes, count_adapter_parameters
 
 GIB = 1024**3
 MASTER_STATE_BYTES = 16
@@ -251,9 +250,7 @@ def _shapes(args: ModelArgs, lora: object) -> list[tuple[str, tuple[int, ...]]]:
 
 def num_adapter_values(args: ModelArgs, lora: object) -> int:
     """Values of the LoRA adapters (0 without ``[model.lora]``)."""
-    if lora is None:
-        return 0
-    return sum(math.prod(shape) for _, shape in _shapes(args, lora))
+    return 0 if lora is None else count_adapter_parameters(args, lora)  # type: ignore[arg-type]
 
 
 def lora_bytes_per_token(args: ModelArgs, lora: object, dtype_bytes: int,
