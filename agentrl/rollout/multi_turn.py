@@ -175,7 +175,8 @@ class RolloutPlayer:
         the rollout ended."""
         request = (find_compact_call(text) if self.compaction.strategy == "tool" else None)
         if request is not None:
-            return await self._compact_by_tool(context, compactor, request, generated_ids)
+            return await self._compact_by_tool(context, compactor, request, generated_ids,
+                                               params)
         observation, reward, terminated, truncated, info = await self.env.step(text)
         self._record(reward, info)
         if terminated or truncated:
@@ -183,6 +184,13 @@ class RolloutPlayer:
                 self._truncate("env")
             return False
         self.facts.see(observation)
+        return await self._observe(context, compactor, generated_ids, observation, params)
+
+    async def _observe(self, context: ChatContext, compactor: Any, generated_ids: list[int],
+                       observation: list[Any], params: SamplingParams) -> bool:
+        """Append the turn and its observation, compacting first when the next context
+        would pass the budget; False when the rollout ended."""
+        assert self.current is not None
         turn, delta_ids = context.turn_delta(generated_ids, self.stop_ids, observation)
         if compactor is None or (
             len(self.current) + len(delta_ids) <= self.compaction.max_context_tokens
@@ -193,19 +201,18 @@ class RolloutPlayer:
         return await self._compact(compactor, context, turn, generated_ids, params)
 
     async def _compact_by_tool(self, context: ChatContext, compactor: Any,
-                               request: CompactRequest, generated_ids: list[int]) -> bool:
+                               request: CompactRequest, generated_ids: list[int],
+                               params: SamplingParams) -> bool:
         """The policy's ``compact`` call: restart from its summary (a new segment), or
-        answer an unusable call with a tool error; False ends the rollout."""
+        answer an unusable call with a tool error (under the same budget as any
+        observation); False ends the rollout."""
         assert self.current is not None
         if request.num_other_calls:
             self.tool_errors["compact_not_alone"] += request.num_other_calls
         if request.error is not None:
             self.tool_errors["invalid_arguments"] += 1
             error = [{"role": "tool", "name": COMPACT_TOOL, "content": request.error}]
-            turn, delta_ids = context.turn_delta(generated_ids, self.stop_ids, error)
-            context.turns.append(turn)
-            self.current.add_observation(delta_ids)
-            return True
+            return await self._observe(context, compactor, generated_ids, error, params)
         if self.stats.num_compactions >= self.compaction.max_compactions:
             self._truncate("max_compactions")
             return False

@@ -135,6 +135,25 @@ def test_a_compact_call_without_a_summary_is_answered_and_compacts_nothing(token
     assert env.actions == ["probe", "probe win"] and rollout.reward == 1.0
 
 
+def test_an_unusable_compact_call_is_answered_under_the_budget(tokenizer):
+    """The error answer to a bad compact call is an observation like any other: past the
+    budget it compacts first (the fallback), so no prompt the engine gets passes it."""
+    env = FactEnv(horizon=6, obs_len=30)
+    bad = format_call(COMPACT_TOOL, note="no summary")
+    engine = RecordingEngine(ScriptedEngine(tokenizer, scripted(
+        tokenizer, ["probe", bad, bad, bad, bad, "probe", "probe", "probe", "probe",
+                    "probe win"])))
+    budget = 750  # the first prompt is ~510 tokens with this tokenizer
+    compaction = CompactionConfig(strategy="tool", fallback="drop_oldest",
+                                  max_context_tokens=budget, keep_last_turns=0,
+                                  max_compactions=20)
+    rollout = play(engine, env, tokenizer, compaction)
+    assert rollout.stats.tool_errors["invalid_arguments"] == 4
+    assert "budget" in {c.cause for c in rollout.stats.compactions}
+    assert max(len(p) for p in engine.prompts) <= budget
+    assert rollout.valid and rollout.reward == 1.0
+
+
 def test_compactions_by_tool_count_against_max_compactions(tokenizer):
     env = FactEnv(horizon=8, obs_len=5)
     plan = [compact_call("s")] * 4
