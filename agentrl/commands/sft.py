@@ -34,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
     parser.add_argument("--copy-lr", type=float, default=defaults.copy_lr, dest="copy_lr",
                         help="learning rate of the copy pretraining (--copy-steps)")
+    parser.add_argument("--compact-share", type=float, default=defaults.compact_share,
+                        dest="compact_share",
+                        help="strategy tool: share of demonstrations that call compact "
+                             "themselves; the rest leave it to the budget (default 1)")
     parser.add_argument("--strategies", default="", metavar="S1,S2",
                         help="compaction strategies to play the demonstrations under, each "
                              "an equal share (e.g. tool,summarize); default: the config's")

@@ -7,6 +7,7 @@ tool-response deltas, compaction). Where they come from (each environment's
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -36,14 +37,20 @@ class DemoEngine:
     the tool strategy's fallback) is answered with ``env.demonstrate_summary(history,
     forced=True)``; with strategy ``tool``, before each new action the environment is
     asked whether to compact now (``forced=False``) and a summary becomes a ``compact``
-    call.
+    call, in the ``compact_share`` of the rollouts that compact on their own (the others
+    leave every compaction to the budget's fallback: a weaker demonstrator, whose warm
+    start RL can teach when to compact).
     """
 
-    def __init__(self, tokenizer: Any, strategy: str = "none") -> None:
+    def __init__(self, tokenizer: Any, strategy: str = "none",
+                 compact_share: float = 1.0) -> None:
         """The tokenizer encodes the policy's text into the reply's ids; ``strategy`` is
-        ``compaction.strategy``."""
+        ``compaction.strategy``; ``compact_share`` in [0, 1]."""
+        if not 0.0 <= compact_share <= 1.0:
+            raise ValueError(f"compact_share is {compact_share}; it must be in [0, 1]")
         self.tokenizer = tokenizer
         self.strategy = strategy
+        self.compact_share = compact_share
         self.playing: dict[str, tuple[str, Any, Policy]] = {}
         """Rollout id → (environment name, environment, policy): filled by the runner's
         factory as it builds each rollout's instance (``episode.CURRENT_ROLLOUT``); the
@@ -100,12 +107,19 @@ class DemoEngine:
                                  "forced=True) returned None; implement it to warm-start "
                                  "compaction by summary")
             return summary
-        if self.strategy == "tool" and self.asked_at.get(key) != len(history):
+        if (self.strategy == "tool" and self.asked_at.get(key) != len(history)
+                and self.compacts_on_its_own(key)):
             self.asked_at[key] = len(history)
             summary = getattr(env, "demonstrate_summary", lambda *_: None)(history, False)
             if summary is not None:
                 return format_call(COMPACT_TOOL, summary=summary)
         return policy(env, thread_id)
+
+    def compacts_on_its_own(self, key: str) -> bool:
+        """Whether the rollout of this request key is one of the ``compact_share`` that
+        call ``compact`` themselves (a stable draw from the rollout id)."""
+        rollout_id, _ = split_thread_key(key)
+        return zlib.crc32(rollout_id.encode()) / 2**32 < self.compact_share
 
     def _asks_for_summary(self, prompt_ids: list[int]) -> bool:
         """Whether the prompt ends with the summary request (the summarize compactor)."""
@@ -146,9 +160,11 @@ class DemoSampler:
 async def play_demonstrations(
     config: Config, tokenizer: Any, num_rollouts: int, seed: int,
     policies: dict[str, Policy] | None = None, log: Callable[[str], None] | None = None,
+    compact_share: float = 1.0,
 ) -> list[Rollout]:
     """Correct rollouts of each environment's demonstrations, in its weight's share, with
-    the runner's exact token layout. Refuses when an environment has no correct one."""
+    the runner's exact token layout (``compact_share``: see ``DemoEngine``). Refuses when
+    an environment has no correct one."""
     from agentrl.envs.registry import make
     from agentrl.rollout.episode import CURRENT_ROLLOUT
     from agentrl.rollout.runner import RolloutRunner
@@ -160,7 +176,7 @@ async def play_demonstrations(
         environments=[msgspec.structs.replace(e, group_size=1) for e in config.environments],
     )
 
-    engine = DemoEngine(tokenizer, config.compaction.strategy)
+    engine = DemoEngine(tokenizer, config.compaction.strategy, compact_share)
 
     def make_env(env_config: EnvironmentConfig) -> Any:
         env = make(env_config.id, **env_config.kwargs)

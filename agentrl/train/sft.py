@@ -108,6 +108,11 @@ class WarmStartConfig(msgspec.Struct, kw_only=True):
     strategies: list[str] = []
     """Compaction strategies to play the demonstrations under, each an equal share (e.g.
     ["tool", "summarize"]: one warm start that knows both); empty: the config's."""
+    compact_share: float = 1.0
+    """Strategy "tool": the share of demonstrations that call ``compact`` themselves
+    (where the environment's ``demonstrate_summary`` says); the others leave compaction
+    to the budget's fallback. Below 1, a weaker demonstrator: its warm start compacts only
+    sometimes, and RL can teach it when to."""
     chat_template: str = "qwen2.5"
     """The new tiny model's chat template: "qwen2.5", or "compact" (one line per tool
     instead of Qwen2.5's ~150-token tool preamble: for small context budgets)."""
@@ -184,7 +189,7 @@ def demonstrations_under(config: Config, ws: WarmStartConfig, tokenizer: Any,
             log(f"compaction.strategy = {each.compaction.strategy!r}:")
         rollouts += asyncio.run(play_demonstrations(
             each, tokenizer, ws.num_demonstrations // len(configs), ws.seed + index,
-            policies=policies, log=log))
+            policies=policies, log=log, compact_share=ws.compact_share))
     return rollouts
 
 

@@ -118,3 +118,34 @@ def test_dropping_old_turns_loses_the_first_entry_and_a_summary_keeps_it(strateg
         last = rollout.stats.compactions[-1]
         assert last.facts_revealed[0] == first
         assert (first in last.facts_kept) is survives
+
+
+def test_a_compact_share_below_one_leaves_some_demonstrations_to_the_budget():
+    """``compact_share``: that share of the tool strategy's demonstrations call compact
+    themselves; the others are compacted by the budget only (drop_oldest) and so lose
+    the first entry; the draw is stable per rollout id."""
+    config = load_config(LEDGER_CONFIG, ['compaction.strategy="tool"',
+                                         'compaction.fallback="drop_oldest"'])
+    from agentrl.model import load_tokenizer
+
+    tokenizer = load_tokenizer(config.model.path)
+
+    def by_tool(share: float) -> dict[str, bool]:
+        rollouts = asyncio.run(play_demonstrations(config, tokenizer, 12, seed=0,
+                                                   compact_share=share))
+        kept_first = {r.rollout_id: r.stats.needed_facts[0] in r.stats.compactions[-1].facts_kept
+                      for r in rollouts}
+        tool = {r.rollout_id for r in rollouts
+                if "tool" in {c.strategy for c in r.stats.compactions}}
+        assert all(kept_first[r] for r in tool)  # a compact call carries the first entry
+        if share == 0.0:  # the budget alone drops it (unless the last page repeats it)
+            assert sum(kept_first.values()) <= len(rollouts) // 4
+        return {r.rollout_id: "tool" in {c.strategy for c in r.stats.compactions}
+                for r in rollouts}
+
+    half = by_tool(0.5)
+    assert 0 < sum(half.values()) < len(half)
+    assert by_tool(0.5) == half
+    assert not any(by_tool(0.0).values()) and all(by_tool(1.0).values())
+    with pytest.raises(ValueError, match="compact_share is 1.5"):
+        asyncio.run(play_demonstrations(config, tokenizer, 1, seed=0, compact_share=1.5))
