@@ -93,7 +93,7 @@ class WarmStartConfig(msgspec.Struct, kw_only=True):
     """Peak learning rate."""
     lr_schedule: str = "constant"
     """After warm-up: "cosine" or "linear" decay to 0 at the last step, or "constant"
-    (the default: it made the shipped assets/quickstart-sft, which a 250-step cosine run at
+    (the default: it made assets/calc-countdown-sft, which a 250-step cosine run at
     peak 3e-3 or 6e-3 did not match)."""
     warmup_steps: int = 0
     hidden_size: int = 128

@@ -1,6 +1,6 @@
 """agentrl against Hugging Face TRL's GRPOTrainer on the same work, side by side in one run.
 
-Both train the quickstart warm start (``assets/quickstart-sft``) on Countdown graded by
+Both train the earlier quickstart warm start (``assets/calc-countdown-sft``) on Countdown graded by
 the same agentrl environment, with the same batch (prompts × samples completions per
 optimizer step, one update per collection), lr, token-level loss (TRL ``loss_type =
 "dapo"``), group-normalized advantages, no KL, temperature 1. Prints steps per minute,
@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--trl-venv", type=Path, default=ROOT / ".venv-trl")
     args = parser.parse_args()
     prompts, samples, steps = (4, 4, 2) if args.quick else (16, 8, args.steps)
-    spec = {"model": str(ROOT / "assets" / "quickstart-sft"), "prompts": prompts,
+    spec = {"model": str(ROOT / "assets" / "calc-countdown-sft"), "prompts": prompts,
             "samples": samples, "steps": steps, "lr": 3e-4, "max_new_tokens": 40, "seed": 0,
             "threads": args.threads}
     python = trl_python(args.trl_venv)

@@ -18,7 +18,7 @@ from agentrl.rollout.build import build_runner, build_sampler
 HERE = Path(__file__).resolve().parent
 AGENTS = HERE / "agents"
 ROOT = HERE.parents[1]
-SFT = ROOT / "assets" / "quickstart-sft"
+SFT = ROOT / "assets" / "calc-countdown-sft"
 CALC_AGENT = ROOT / "examples" / "harness" / "calc_agent.py"
 
 
