@@ -189,7 +189,10 @@ async def play_demonstrations(
                           seeds)
     runner = RolloutRunner(single, engine, tokenizer, sampler, make_env=make_env)
     rollouts = (await runner.collect(0, num_rollouts)).rollouts
-    correct = [r for r in rollouts if r.valid and r.reward > 0]
+    # in rollout-id order, not finishing order: a warm start's seeded row sampling then
+    # draws the same rows on every run
+    correct = sorted((r for r in rollouts if r.valid and r.reward > 0),
+                     key=lambda r: r.rollout_id)
     report = demonstration_report(rollouts, [e.display_name() for e in config.environments])
     if log is not None:
         log(report)
