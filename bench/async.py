@@ -3,8 +3,8 @@
     python -m bench.async [--quick] [--steps N] [--repeats R] [--threads T] [--out DIR]
                           [--ks 0,1,2] [--collector thread|process] [--engine-process]
 
-The quickstart mix (configs/quickstart.toml: Calculator with a tool and compaction,
-Countdown) plus ``SlowToolCalculator``, whose tool calls take 50 ms like a real API or
+The earlier quickstart mix (configs/calc_countdown.toml: Calculator with a tool and
+compaction, Countdown) plus ``SlowToolCalculator``, whose tool calls take 50 ms like a real API or
 sandbox (``bench/slow_tools.py``). Each k trains from the same warm start with the same
 seed (k >= 1 with the decoupled objective and the negative-advantage veto at 2), one
 after the other in this process. Printed per k: steps per minute and its ratio to the
@@ -81,7 +81,7 @@ def bench_config(max_staleness: int, steps: int, quick: bool,
 
 def bench_raw_config() -> dict[str, Any]:
     """The quickstart config with the model path made absolute (what a server serves)."""
-    raw = tomllib.loads((ROOT / "configs" / "quickstart.toml").read_text())
+    raw = tomllib.loads((ROOT / "configs" / "calc_countdown.toml").read_text())
     raw["model"]["path"] = str(ROOT / raw["model"]["path"])
     return raw
 
@@ -92,7 +92,7 @@ def engine_process() -> Iterator[tuple[str, ...]]:
     stopped on exit."""
     from agentrl.engines.spawn import spawn_servers
 
-    servers = spawn_servers(ROOT / "configs" / "quickstart.toml", 1, threads=1,
+    servers = spawn_servers(ROOT / "configs" / "calc_countdown.toml", 1, threads=1,
                             overrides=(f"model.path={bench_raw_config()['model']['path']}",))
     try:
         yield tuple(server.url for server in servers)
