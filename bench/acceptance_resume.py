@@ -20,6 +20,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from bench.gpu_acceptance import failure
+
 RESUMED_STEPS = 4
 """The resumed run goes on to this step (redoing step 3, then one new step)."""
 RESUME_TOLERANCE = 1e-6
@@ -64,7 +66,7 @@ def check_resume(report: Any, machine: Any, out: Path, steps: list[dict[str, Any
                                  [f"train.num_steps={RESUMED_STEPS}", "train.eval_every=0",
                                   *wait], resume=True)
     report.check(f"{tag} --resume from step_2 to step {RESUMED_STEPS} exits 0", status == 0,
-                 "" if status == 0 else log[-2000:])
+                 "" if status == 0 else failure(log))
     if status == 0:
         after = [r for r in records if r.get("step", 0) > 0 and "loss/policy_loss" in r]
         said = "at step 2" in log

@@ -151,6 +151,14 @@ def train(machine: Machine, engine: str, out: Path, extra: list[str] | None = No
     return proc.returncode, log, records
 
 
+def failure(log: str) -> str:
+    """What a failed run said: its ranks' error lines (torchrun's own summary names no
+    cause), then the end of its output."""
+    errors = [line.strip() for line in log.splitlines()
+              if "Error:" in line and "ChildFailedError" not in line]
+    return " | ".join(errors[-3:]) + "\n" + log[-1500:]
+
+
 def check_training(report: Report, machine: Machine, engine: str, out: Path
                    ) -> list[dict[str, Any]]:
     """Train with ``engine`` and record its checks and figures; its step records ([] when
@@ -160,7 +168,7 @@ def check_training(report: Report, machine: Machine, engine: str, out: Path
     wall = time.perf_counter() - start
     tag = f"[{engine}]"
     report.check(f"{tag} torchrun training over {machine.num_ranks} ranks exits 0",
-                 status == 0, f"{wall:.0f}s" if status == 0 else log[-2000:])
+                 status == 0, f"{wall:.0f}s" if status == 0 else failure(log))
     if status != 0:
         return []
     steps = [r for r in records if r.get("step", 0) > 0 and "loss/policy_loss" in r]
