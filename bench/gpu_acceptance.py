@@ -233,14 +233,17 @@ def vllm_ready(machine: Machine) -> str | None:
 
 def engine_checks(report: Report, machine: Machine, scratch: Path) -> None:
     """Engine replicas and weight sync (``bench.engine_scaling``): vLLM over NCCL and CUDA
-    IPC on GPUs; two `agentrl serve` replicas over gloo in a dry run."""
+    IPC on GPUs; two `agentrl serve` replicas over gloo in a dry run; colocated replicas
+    synced as in training (sleep, weights, wake)."""
     from bench.engine_scaling import gpu_checks
 
     gpu_checks(report, dry_run=machine.dry_run)
 
 
 def memory_checks(report: Report, machine: Machine, scratch: Path) -> None:
-    """Peak CUDA memory of a 1.5B micro-batch against the memory plan (``bench.memory``)."""
+    """Peak CUDA memory of an FSDP2-sharded 1.5B update over every GPU against the memory
+    plan's training-phase terms (``bench.memory``); a dry run shards the quickstart's
+    model over 2 gloo ranks and skips the CUDA figure alone."""
     from bench.memory import memory_check
 
     memory_check(report, machine, scratch)

@@ -357,7 +357,8 @@ def _snapshot_terms(config: Config, num_params: int, b: int, what: str) -> list[
     the trainer clones the whole policy (a LoRA run: its adapter) in the compute dtype on
     its GPU for the collector; the newest copy waits for the engine while the next is
     being made, so up to two are alive, during training too. (A collector process
-    receives CPU tensors.)"""
+    receives CPU tensors, copied one at a time as they are gathered: none of it stays on
+    the GPU, ``ProcessCollector.snapshot``.)"""
     if config.rollout.max_staleness == 0 or config.rollout.collector != "thread":
         return []
     return [MemoryTerm("weight snapshots", 2 * b * num_params,

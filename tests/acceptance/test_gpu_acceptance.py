@@ -28,7 +28,8 @@ def test_gpu_acceptance_dry_run_passes_every_check_it_can_run_here() -> None:
                  "[resume] every step once", "[resume] counters continue",
                  "[resume] redone step 3 equals", "[rank-0 wait]",
                  "after sleep: the sync wakes only the weights",
-                 "after sleep: the KV cache stays freed", "[memory] FSDP2-sharded"):
+                 "after sleep: the KV cache stays freed",
+                 "[memory] an FSDP2-sharded training step"):
         assert any(name in line for line in passed), (name, lines)
     assert any(line.startswith("[SKIP] [vllm]") for line in checks)
     assert any("[engines]" in line for line in passed)  # two agentrl serve replicas, gloo
