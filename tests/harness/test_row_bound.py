@@ -15,7 +15,7 @@ from agentrl.engines.interface import SamplingParams
 from agentrl.engines.torch_engine import TorchEngine
 from agentrl.model import load_pretrained, load_tokenizer, read_args
 from agentrl.rollout.harness_session import HarnessSession, SessionLimits
-from agentrl.train.preflight import Preflight, check_micro_batch_budget
+from agentrl.train.preflight import Preflight, check_micro_batch_budget, check_positions
 from tests.harness.conftest import CALC_AGENT, harness_config
 
 NEW_TOKENS = 8
@@ -66,3 +66,20 @@ def test_a_harness_row_fits_the_plans_longest_row_with_compaction_on(tiny_dir) -
                     batch={"max_tokens_per_microbatch": len(row.token_ids) - 1})
     with pytest.raises(ConfigError, match=f"at least {len(row.token_ids)}"):
         check_micro_batch_budget(Preflight(short))
+
+
+def test_an_engine_context_at_the_models_positions_is_not_refused(tiny_dir) -> None:
+    """The engine's context never passes the positions; the one token past it is a row's
+    last, whose position predicts nothing: the positions check passes, the budget check
+    still counts it."""
+    positions = read_args(tiny_dir).max_position_embeddings
+    config = _config(tiny_dir, max_context_tokens=positions - NEW_TOKENS,
+                     batch={"max_tokens_per_microbatch": positions + 1})
+    pf = Preflight(config)
+    assert pf.longest_row.tokens == positions + 1 and pf.longest_row.engine_capped
+    assert "positions: longest row" in check_positions(pf)
+    assert "holds the longest row" in check_micro_batch_budget(pf)
+    over = _config(tiny_dir, max_context_tokens=positions + 100,
+                   batch={"max_tokens_per_microbatch": 2 * positions})
+    with pytest.raises(ConfigError, match="passes the model's"):  # the loop's own rows
+        check_positions(Preflight(over))
