@@ -184,12 +184,12 @@ def _dry_run_checks(report: Any, tmp: Path) -> None:
         replicas = [RemoteEngine(s.url, sync_timeout_s=120).connect() for s in servers]
         _sync_checks(report, "[engines] 2 agentrl serve replicas, gloo", EngineRouter(replicas),
                      model_dir, lambda: replicas[0].served_version())
-        router = EngineRouter(replicas, colocated=True)
-        router.release_memory()
-        asleep = all(r._get("/is_sleeping")["is_sleeping"] for r in replicas)
-        tokens = _greedy(router)
-        report.check("[engines] sleep frees the KV cache, generation wakes it",
-                     asleep and len(tokens[0]) == 8)
+        def asleep() -> bool:
+            return all(r._get("/is_sleeping")["is_sleeping"] for r in replicas)
+
+        _sync_checks(report, "[engines] colocated agentrl serve replicas, gloo, after sleep",
+                     EngineRouter(replicas, colocated=True), model_dir,
+                     lambda: replicas[0].served_version(), SleepProbe(replicas, asleep))
     finally:
         for server in servers:
             server.stop()
@@ -225,21 +225,40 @@ def _vllm_checks(report: Any, tmp: Path) -> None:
                                            **common)
     try:
         router = EngineRouter([colocated], colocated=True, sleep_level=1)
-        free_before = torch.cuda.mem_get_info(0)[0]
-        router.release_memory()
-        freed = torch.cuda.mem_get_info(0)[0] - free_before
-        report.check("[engines] colocated vLLM sleep frees GPU memory", freed > 2**30,
-                     f"{freed / 2**30:.1f} GiB freed")
         _sync_checks(report, "[engines] colocated vLLM replica, CUDA IPC, after sleep", router,
-                     model_dir, colocated.served_version)
+                     model_dir, colocated.served_version,
+                     SleepProbe([colocated], None, lambda: torch.cuda.mem_get_info(0)[0]))
     finally:
         colocated.shutdown()
 
 
+class SleepProbe:
+    """A colocated router's replicas, watched through sleep → weights → wake: every
+    ``wake_up`` call's tags (recorded), whether the KV caches are freed (``asleep``, None
+    where the replica cannot say) and free GPU memory (``free_bytes``, None on the CPU)."""
+
+    def __init__(self, replicas: list[Any], asleep: Callable[[], bool] | None,
+                 free_bytes: Callable[[], int] | None = None) -> None:
+        self.asleep, self.free_bytes = asleep, free_bytes
+        self.wakes: list[list[str] | None] = []
+        for replica in replicas:
+            def recorded(tags: list[str] | None = None, wake: Any = replica.wake_up) -> None:
+                self.wakes.append(None if tags is None else list(tags))
+                wake(tags)
+
+            replica.wake_up = recorded
+
+    def free(self) -> int | None:
+        """Free GPU memory now (bytes), or None on the CPU."""
+        return None if self.free_bytes is None else self.free_bytes()
+
+
 def _sync_checks(report: Any, label: str, router: EngineRouter, model_dir: Path,
-                 served_version: Callable[[], int]) -> None:
+                 served_version: Callable[[], int], sleep: SleepProbe | None = None) -> None:
     """Sync other weights (version +1: greedy tokens change), then the original ones back
-    (+2: the original tokens return); record seconds per GB."""
+    (+2: the original tokens return); record seconds per GB. With ``sleep`` (a colocated
+    router) each sync comes as in training: the replicas sleep, the sync wakes their
+    weights alone, the next generation wakes the rest (:func:`_sleep_checks`)."""
     original = load_pretrained(model_dir, attention="torch")
     other = load_pretrained(model_dir, attention="torch")
     with torch.no_grad():  # sharper, different weights: other greedy paths
@@ -248,16 +267,53 @@ def _sync_checks(report: Any, label: str, router: EngineRouter, model_dir: Path,
                 param.mul_(-10.0)
     before = _greedy(router)
     start_version = router.weight_version
-    seconds = _timed_sync(router, other)
-    changed = _greedy(router)
-    _timed_sync(router, original)
-    back = _greedy(router)
+    moments = []
+    for weights in (other, original):
+        moment: dict[str, Any] = {"awake": sleep.free() if sleep else None}
+        if sleep is not None:
+            router.release_memory()
+            moment.update(slept=sleep.free(), asleep=sleep.asleep and sleep.asleep())
+        moment["seconds"] = _timed_sync(router, weights)
+        if sleep is not None:
+            moment.update(synced=sleep.free(), still_asleep=sleep.asleep and sleep.asleep())
+        moment["tokens"] = _greedy(router)
+        moment["woken"] = sleep.free() if sleep else None
+        moments.append(moment)
+    changed, back = moments[0]["tokens"], moments[1]["tokens"]
     gigabytes = sum(p.numel() * p.element_size() for p in original.parameters()) / 1e9
     report.check(f"{label}: every replica serves the new weights",
                  changed != before and back == before
                  and router.weight_version == served_version() == start_version + 2,
                  f"versions {start_version} -> {router.weight_version}")
-    report.figures[f"{label}: weight sync s/GB"] = f"{seconds / gigabytes:.2f}"
+    report.figures[f"{label}: weight sync s/GB"] = f"{moments[0]['seconds'] / gigabytes:.2f}"
+    if sleep is not None:
+        _sleep_checks(report, label, sleep, moments, len(router.replicas))
+
+
+def _sleep_checks(report: Any, label: str, sleep: SleepProbe, moments: list[dict[str, Any]],
+                  num_replicas: int) -> None:
+    """Each sync woke only the weights and the generation after it the rest, in that
+    order; where the replica says, its KV cache stayed freed through the sync; on a GPU
+    sleeping freed memory and the KV cache came back only with the generation."""
+    want = [["weights"]] * num_replicas + [None] * num_replicas
+    report.check(f"{label}: the sync wakes only the weights, the generation the rest",
+                 sleep.wakes == want * len(moments), f"wake_up calls {sleep.wakes}")
+    if sleep.asleep is not None:
+        report.check(f"{label}: the KV cache stays freed through the sync",
+                     all(m["asleep"] and m["still_asleep"] for m in moments),
+                     f"asleep before / after each sync: "
+                     f"{[(m['asleep'], m['still_asleep']) for m in moments]}")
+    name = f"{label}: sleep frees GPU memory, the sync takes back the weights alone"
+    if sleep.free_bytes is None:
+        report.skip(name, "no CUDA device (free GPU memory cannot be read)")
+        return
+    gib = 2**30
+    freed = [(m["slept"] - m["awake"]) / gib for m in moments]
+    kv = [(m["synced"] - m["woken"]) / gib for m in moments]
+    report.check(name, all(f > 1 for f in freed) and all(k > 1 for k in kv),
+                 f"sleep freed {', '.join(f'{f:.1f}' for f in freed)} GiB; the generation "
+                 f"after each sync took {', '.join(f'{k:.1f}' for k in kv)} GiB more (its "
+                 "KV cache: > 1 GiB means the sync had not woken it)")
 
 
 def _timed_sync(router: EngineRouter, model: torch.nn.Module) -> float:

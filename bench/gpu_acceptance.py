@@ -3,8 +3,13 @@
 On whatever GPUs it finds (all of one machine), in a few minutes, it trains the quickstart
 mix with bf16 compute over fp32 master weights, torch varlen attention, FSDP2 over every GPU
 (torchrun), two updates per collection and a KL term, once with the built-in engine and
-once with vLLM, and prints one line per check (PASS / FAIL / SKIP with the reason) plus
-tokens/s, MFU and peak memory. Exit status 0 only when no check failed.
+once with vLLM; resumes the built-in engine's run from its step-2 checkpoint (the metrics
+continue, the redone step equals the uninterrupted one) while ranks 1..N wait for slow
+collections on rank 0 longer than the collective timeout (``bench/acceptance_resume.py``);
+checks engine replicas and weight sync (sleep, weights, wake: ``bench/engine_scaling.py``)
+and the memory plan against an FSDP2-sharded step (``bench/memory.py``). It prints one
+line per check (PASS / FAIL / SKIP with the reason) plus tokens/s, MFU and peak memory.
+Exit status 0 only when no check failed; a check whose evidence is missing FAILs.
 
     python -m bench.gpu_acceptance              # on a GPU machine (pip install -e ".[gpu]")
     python -m bench.gpu_acceptance --dry-run    # on a CPU: same plan and parsing, tiny run
@@ -88,12 +93,14 @@ class Machine:
         """Config overrides of one training run with ``engine``."""
         common = ["train.num_steps=3", "train.eval_every=3",
                   f"train.eval_tasks_per_env={4 if self.dry_run else 64}",
-                  "train.checkpoint_every=3", "loss.kl_coef=0.01", "log.live=false",
+                  "train.checkpoint_every=2", "loss.kl_coef=0.01", "log.live=false",
                   f'rollout.engine="{engine}"']
+        if engine == "torch":  # the resume check compares a redone step bit for bit
+            common.append("train.deterministic=true")
         if self.dry_run:
             return common + ['model.dtype="float32"', 'model.attention="torch"',
                              "batch.rollout_batch_size=2", "batch.global_batch_size=8",
-                             "rollout.max_concurrent_rollouts=32"]
+                             "rollout.max_concurrent_rollouts=16"]
         # CUDA graphs on, as in the shipped configs (no enforce_eager); attention "auto",
         # as shipped: the check below reads which kernel the run announced
         vllm = ['rollout.vllm_args={ gpu_memory_utilization = 0.3 }']
@@ -119,14 +126,15 @@ def detect(dry_run: bool) -> Machine:
     return Machine(False, torch.cuda.device_count(), torch.cuda.get_device_name(0))
 
 
-def train(machine: Machine, engine: str, out: Path
-          ) -> tuple[int | None, str, list[dict[str, Any]]]:
-    """One torchrun training run; returns (exit status, None on a timeout; its output; its
-    metrics)."""
+def train(machine: Machine, engine: str, out: Path, extra: list[str] | None = None,
+          resume: bool = False) -> tuple[int | None, str, list[dict[str, Any]]]:
+    """One torchrun training run (``extra`` overrides after the machine's; ``resume``:
+    from ``out``'s newest checkpoint); returns (exit status, None on a timeout; its
+    output; its metrics)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(machine.num_ranks), "-m", "agentrl", "train",
-               str(CONFIG), "--out", str(out)]
-    for override in machine.overrides(engine):
+               str(CONFIG), "--out", str(out)] + (["--resume"] if resume else [])
+    for override in machine.overrides(engine) + (extra or []):
         command += ["--set", override]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     try:
@@ -143,21 +151,31 @@ def train(machine: Machine, engine: str, out: Path
     return proc.returncode, log, records
 
 
-def check_training(report: Report, machine: Machine, engine: str, out: Path) -> None:
-    """Train with ``engine`` and record its checks and figures."""
+def failure(log: str) -> str:
+    """What a failed run said: its ranks' error lines (torchrun's own summary names no
+    cause), then the end of its output."""
+    errors = [line.strip() for line in log.splitlines()
+              if "Error:" in line and "ChildFailedError" not in line]
+    return " | ".join(errors[-3:]) + "\n" + log[-1500:]
+
+
+def check_training(report: Report, machine: Machine, engine: str, out: Path
+                   ) -> list[dict[str, Any]]:
+    """Train with ``engine`` and record its checks and figures; its step records ([] when
+    it failed)."""
     start = time.perf_counter()
     status, log, records = train(machine, engine, out)
     wall = time.perf_counter() - start
     tag = f"[{engine}]"
     report.check(f"{tag} torchrun training over {machine.num_ranks} ranks exits 0",
-                 status == 0, f"{wall:.0f}s" if status == 0 else log[-2000:])
+                 status == 0, f"{wall:.0f}s" if status == 0 else failure(log))
     if status != 0:
-        return
+        return []
     steps = [r for r in records if r.get("step", 0) > 0 and "loss/policy_loss" in r]
     report.check(f"{tag} three training steps in metrics.jsonl", len(steps) == 3,
                  f"{len(steps)} steps")
     if not steps:
-        return
+        return []
     report.check(f"{tag} FSDP2 over every rank", f"ranks: {machine.num_ranks}" in log)
     report.check(f"{tag} attention kernel as announced", machine.attention in log,
                  f"expected {machine.attention!r}")
@@ -171,8 +189,11 @@ def check_training(report: Report, machine: Machine, engine: str, out: Path) -> 
                  bool(mismatches) and max(mismatches) < 0.05,
                  f"max mean |Δ log p| {max(mismatches):.4f}" if mismatches
                  else "loss/mismatch_scored missing from every step")
-    report.check(f"{tag} checkpoint written", (out / "checkpoints" / "step_3").is_dir())
+    written = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
+    report.check(f"{tag} checkpoints written", written == ["step_2", "step_3"],
+                 f"{written}")
     add_figures(report, machine, engine, steps)
+    return steps
 
 
 def add_figures(report: Report, machine: Machine, engine: str,
@@ -183,6 +204,8 @@ def add_figures(report: Report, machine: Machine, engine: str,
     t_gen = sum(r["time/generate"] for r in steps)
     t_train = sum(r["time/train"] for r in steps)
     flops = sum(r.get("perf/train_flops", 0.0) for r in steps)
+    if engine == "torch":  # every slot decoded every step (the resume check needs it)
+        engine = "torch (train.deterministic)"
     report.figures[f"{engine}: generation tokens/s"] = f"{sampled / max(t_gen, 1e-9):,.0f}"
     report.figures[f"{engine}: training tokens/s"] = f"{trained / max(t_train, 1e-9):,.0f}"
     peak = peak_tflops(machine)
@@ -212,14 +235,17 @@ def vllm_ready(machine: Machine) -> str | None:
 
 def engine_checks(report: Report, machine: Machine, scratch: Path) -> None:
     """Engine replicas and weight sync (``bench.engine_scaling``): vLLM over NCCL and CUDA
-    IPC on GPUs; two `agentrl serve` replicas over gloo in a dry run."""
+    IPC on GPUs; two `agentrl serve` replicas over gloo in a dry run; colocated replicas
+    synced as in training (sleep, weights, wake)."""
     from bench.engine_scaling import gpu_checks
 
     gpu_checks(report, dry_run=machine.dry_run)
 
 
 def memory_checks(report: Report, machine: Machine, scratch: Path) -> None:
-    """Peak CUDA memory of a 1.5B micro-batch against the memory plan (``bench.memory``)."""
+    """Peak CUDA memory of an FSDP2-sharded 1.5B update over every GPU against the memory
+    plan's training-phase terms (``bench.memory``); a dry run shards the quickstart's
+    model over 2 gloo ranks and skips the CUDA figure alone."""
     from bench.memory import memory_check
 
     memory_check(report, machine, scratch)
@@ -240,7 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     report = Report()
     report.figures["machine"] = f"{machine.num_gpus} x {machine.gpu_name}"
     with tempfile.TemporaryDirectory(prefix="agentrl-acceptance-") as scratch:
-        check_training(report, machine, "torch", Path(scratch) / "torch")
+        steps = check_training(report, machine, "torch", Path(scratch) / "torch")
+        from bench.acceptance_resume import check_resume
+
+        check_resume(report, machine, Path(scratch) / "torch", steps, train)
         why = vllm_ready(machine)
         if why is None:
             check_training(report, machine, "vllm", Path(scratch) / "vllm")

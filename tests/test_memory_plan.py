@@ -271,3 +271,22 @@ def test_lora_counts_only_adapters_in_the_gradient_and_snapshot_terms():
     with_lora = load_config("configs/quickstart.toml", [*eight, "model.lora.rank=8"])
     assert "head's fp32 gradient" not in _term(plan_memory(with_lora, args, 24),
                                                "backward working set").detail
+
+
+def test_the_root_units_reduce_scatter_by_hand():
+    # Qwen2.5-7B, bf16, 8 ranks, 1,024 tokens, checkpointing on: the largest moment of
+    # backward is FSDP2's reduce-scatter of the root unit (embeddings + untied head +
+    # final norm): its bf16 gradient (2 B), the fp32 copy-in buffer (4 B) and the 1/8
+    # fp32 output (0.5 B) per parameter, once the activations are freed
+    config = load_config("configs/countdown_qwen2.5_7b_8gpu.toml",
+                         ["batch.max_tokens_per_microbatch=1024"])
+    plan = plan_memory(config, KNOWN_SHAPES["Qwen2.5-7B"], 80, num_ranks=8)
+    root = 2 * 152064 * 3584 + 3584  # 1,089,998,336 parameters
+    # per token: 28 checkpointed layers × 2·3584, rope 2·2·128, head 8 + (4·3584 + 4 +
+    # 2·2·3584) + 8 + 4 + 40
+    per_token = 28 * 7168 + 512 + 8 + (14336 + 4 + 14336) + 8 + 4 + 40
+    assert per_token == 229_952
+    assert _term(plan, "activations").bytes == 1024 * per_token
+    working = _term(plan, "backward working set")
+    assert working.bytes == 6.5 * root - 1024 * per_token == 6_849_518_336
+    assert "reduce-scatter at the end" in working.detail

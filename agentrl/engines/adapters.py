@@ -13,7 +13,8 @@ Rows of one forward may run under different versions: each live version's update
 computed over all rows and kept where the row's version is that one, so a row's result
 does not depend on which versions its neighbours run (batch invariance). With no version
 installed (before the first sync) the hooks add nothing: the base, which is exactly what
-a fresh adapter (B = 0) computes.
+a fresh adapter (B = 0) computes. A request admitted then keeps that base to its end, also
+when a sync installs the first version while it runs.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class AdapterVersions:
         self.live: dict[int, Adapter] = {}
         """Installed versions, oldest first."""
         self.newest: int | None = None
+        self.first: int | None = None
+        """The first version installed; requests of older versions run on the base."""
         self._receiving: dict[str, torch.Tensor] | None = None
         self._rows: list[int] | None = None
         self._hooks = [module.register_forward_hook(self._hook(module_name))
@@ -90,6 +93,7 @@ class AdapterVersions:
             m: (received[f"{m}.lora_A.weight"], received[f"{m}.lora_B.weight"])
             for m in self.modules}
         self.newest = version
+        self.first = version if self.first is None else self.first
         self.keep(in_use)
 
     def keep(self, in_use: set[int]) -> None:
@@ -117,16 +121,26 @@ class AdapterVersions:
                 return output
             x = inputs[0]
             distinct = sorted(set(rows))
-            for version in distinct:
+            for version in (v for v in distinct if self._adapted(v)):
                 a, b = self.live[version][module_name]
                 updated = output + F.linear(F.linear(x, a), b) * self.scaling
-                if len(distinct) == 1:
+                if len(distinct) == 1:  # every row runs under this version
                     return updated
                 mine = torch.tensor([v == version for v in rows], device=output.device)
                 output = torch.where(mine.view(-1, *[1] * (output.dim() - 1)), updated, output)
             return output
 
         return add_update
+
+    def _adapted(self, version: int) -> bool:
+        """Whether rows of ``version`` get an adapter's update: False for a version from
+        before the first sync (the base); an error for a dropped one still running."""
+        if version in self.live:
+            return True
+        if self.first is None or version < self.first:
+            return False
+        raise WeightSyncError(f"{self.name}: adapter version {version} was dropped while a "
+                              f"request still runs on it (live: {sorted(self.live)})")
 
     def _device_dtype(self, tensor_name: str) -> tuple[torch.device, torch.dtype]:
         module_name = tensor_name.rsplit(".", 2)[0]

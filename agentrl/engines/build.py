@@ -40,6 +40,15 @@ def engine_max_len(config: Config, max_position_embeddings: int) -> int:
     return min(max_len, max_position_embeddings)
 
 
+def max_request_row(config: Config, max_position_embeddings: int) -> int:
+    """Tokens of the longest row one request can make, prompt + generated: the built-in
+    engine takes a prompt of up to max_len - 1 tokens and generates while its slot holds
+    the tokens fed back, so the row reaches max_len + 1 (its last sampled token is never
+    fed back); vLLM stops at max_len. What bounds a row whose prompt nothing of ours
+    compacts (a harness program's request)."""
+    return engine_max_len(config, max_position_embeddings) + 1
+
+
 def replica_gpus(index: int, placement: str, tensor_parallel_size: int,
                  num_training_gpus: int, num_gpus: int) -> list[int]:
     """GPU indices (as this process sees them) of local replica ``index``: after the

@@ -35,7 +35,7 @@ from typing import Literal
 import msgspec
 
 from agentrl.config import Config
-from agentrl.engines.build import engine_max_len
+from agentrl.engines.build import engine_max_len, max_request_row
 from agentrl.model.args import ModelArgs
 from agentrl.model.lora import adapter_shapes, count_adapter_parameters
 
@@ -357,7 +357,8 @@ def _snapshot_terms(config: Config, num_params: int, b: int, what: str) -> list[
     the trainer clones the whole policy (a LoRA run: its adapter) in the compute dtype on
     its GPU for the collector; the newest copy waits for the engine while the next is
     being made, so up to two are alive, during training too. (A collector process
-    receives CPU tensors.)"""
+    receives CPU tensors, copied one at a time as they are gathered: none of it stays on
+    the GPU, ``ProcessCollector.snapshot``.)"""
     if config.rollout.max_staleness == 0 or config.rollout.collector != "thread":
         return []
     return [MemoryTerm("weight snapshots", 2 * b * num_params,
@@ -438,7 +439,9 @@ def _suggestions(config: Config, args: ModelArgs, plan: MemoryPlan) -> list[str]
         if _plan(per_micro, args, plan.gpu_bytes, plan.num_ranks).fits:
             out.append('train.gradient_sync = "micro_batch" (gradients stay sharded; one '
                        "reduce-scatter per micro-batch)")
-    longest_row = engine_max_len(config, args.max_position_embeddings)
+    # a harness program's request is a row only the engine's context bounds
+    longest_row = (max_request_row if any(e.harness for e in config.environments)
+                   else engine_max_len)(config, args.max_position_embeddings)
     if plan.max_fitting_tokens >= longest_row:
         out.append(f"batch.max_tokens_per_microbatch = {plan.max_fitting_tokens}")
     elif plan.max_fitting_tokens:

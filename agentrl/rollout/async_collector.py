@@ -26,6 +26,7 @@ import concurrent.futures
 import threading
 import time
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -98,6 +99,13 @@ class AsyncCollector:
                           f"({dropped}); see agentrl.staleness", stacklevel=2)
         return msgspec.structs.replace(result, groups=groups, stale_dropped=dropped,
                                        engine_idle_s=idle)
+
+    @staticmethod
+    def snapshot(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The trainer's own copy of the weights for :meth:`publish`, where they are (on
+        rank 0's GPU: the memory plan's "weight snapshots"): the engine on this process's
+        thread reads them while the trainer changes its own in place."""
+        return {name: tensor.clone() for name, tensor in named_tensors}
 
     def publish(self, snapshot: dict[str, torch.Tensor], version: int) -> None:
         """Hand the weights of ``version`` to the engine; returns at once. ``snapshot``

@@ -22,6 +22,7 @@ import asyncio
 import multiprocessing.connection
 import os
 import traceback
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,13 @@ class ProcessCollector:
         """The collection of ``step``, once complete (groups past the bound dropped)."""
         payload = self._call("collection", step)
         return msgspec.msgpack.decode(payload, type=CollectionResult)
+
+    @staticmethod
+    def snapshot(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The weights for :meth:`publish`, copied to the CPU one tensor at a time as
+        they are gathered: the child gets CPU tensors anyway, so no whole copy of the
+        policy is ever made on the trainer's GPU."""
+        return {name: tensor.detach().to("cpu") for name, tensor in named_tensors}
 
     def publish(self, snapshot: dict[str, torch.Tensor], version: int) -> None:
         """Hand the weights of ``version`` to the child's engine; returns once sent."""

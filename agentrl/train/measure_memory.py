@@ -6,8 +6,8 @@ once per storage, parameters excluded (they are model state), split into what ea
 decoder layer keeps alone, what several layers share (the rope tables) and the rest
 (embedding ids, final norm, LM head, log-probs and loss). ``agentrl.memory.plan``
 predicts the same figures from the model's shape; ``bench/memory.py`` compares the
-training path of before issue #10 with today's; ``measure_cuda_peak`` checks the plan on
-a GPU.
+training path of before issue #10 with today's; ``measure_step_peak`` checks the plan on
+a GPU against an FSDP2-sharded update (``build_sharded``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import ctypes
 import random
 from collections import defaultdict
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -192,54 +191,80 @@ def _status_kib(field: str) -> int:
 # --------------------------------------------------------------------------- on a GPU
 
 
-def measure_cuda_peak(config: Config, model: nn.Module | None = None,
-                      num_ranks: int | None = None) -> dict[str, float]:
-    """Peak CUDA memory of one training micro-batch at the config's budget, against the
-    memory plan (for bench/gpu_acceptance.py).
+def build_sharded(args: ModelArgs, compute: torch.dtype, device: torch.device,
+                  attention: str = "auto") -> CausalLM:
+    """A randomly initialised model of this shape laid out as the trainer's policy: fp32
+    master weights, FSDP2-sharded over every rank of the default group (collective),
+    computing in ``compute``. Built on the meta device, so no rank holds it whole."""
+    from agentrl.model.checkpoint import fresh_inv_freq
+    from agentrl.parallel.fsdp import shard_model
 
-    ``model``: the trainer's model as built for training (e.g. FSDP2-wrapped); None builds
-    ``model.path`` on the current GPU (random weights of its known shape when the folder is
-    absent). Memory is configured as the trainer does, one small warm-up update allocates
-    the gradients, then one update over ``batch.max_tokens_per_microbatch`` tokens (rows
-    as long as the engine's context) is measured: ``torch.cuda.max_memory_allocated``
-    above what was allocated before it, against the plan's activations + backward working
-    set. Returns GiB figures and their ratio measured / planned (want <= 1).
-    """
+    with torch.device("meta"):
+        model = CausalLM(args, attention=attention)
+    model = model.to(torch.float32)
+    shard_model(model, None if compute == torch.float32 else compute, device)
+    model.to_empty(device=device)
+    if args.tie_word_embeddings:  # to_empty gives the head a tensor of its own: re-tie
+        model.lm_head.weight = model.model.embed_tokens.weight
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02)
+    model.inv_freq = fresh_inv_freq(args).to(device)
+    return model
+
+
+def measure_step_peak(config: Config, model: nn.Module, num_ranks: int,
+                      num_micro_batches: int | None = None,
+                      terms: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """One training update of ``model`` (as built for training, e.g. :func:`build_sharded`
+    and configured) at the config's micro-batch budget, rows as long as the engine's
+    context, its peak memory against the memory plan for ``num_ranks`` ranks.
+
+    A small warm-up update allocates the gradients (their shards); then one update of
+    ``num_micro_batches`` micro-batches (default: 2 when the plan accumulates unsharded
+    gradients between micro-batches, else 1) is measured: on a GPU
+    ``torch.cuda.max_memory_allocated`` above what was allocated before it, against the
+    plan's terms held only while training (``terms`` narrows them): gathered parameters,
+    activations, accumulated gradients and the backward working set, whose largest moment
+    on a sharded model can be the root unit's fp32 reduce-scatter. On the CPU the same
+    update runs and ``measured_gib`` is None. Collective on a sharded model (every rank
+    calls it)."""
     from agentrl.engines.build import engine_max_len
-    from agentrl.memory.plan import plan_memory, resolve_activation_checkpointing
-    from agentrl.model import load_pretrained
+    from agentrl.memory.plan import plan_memory
     from agentrl.model.shapes import model_shape
-    from agentrl.parallel.fsdp import compute_dtype
     from agentrl.train.update import forward_backward
 
     args = model_shape(config.model.path)
-    dtype = compute_dtype(config.model.dtype, torch.device("cuda"))  # "auto" too
-    if model is None:
-        if (Path(config.model.path) / "config.json").is_file():
-            model = load_pretrained(config.model.path, dtype=dtype,
-                                    attention=config.model.attention, device="cuda")
-        else:
-            model = build_model(args, dtype, device="cuda")
-        model.configure_memory(
-            resolve_activation_checkpointing(config.train.activation_checkpointing, True),
-            config.train.logprob_chunk_tokens)
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    gpu_gib = torch.cuda.get_device_properties(0).total_memory / GIB if on_gpu else 80.0
+    plan = plan_memory(config, args, gpu_gib, num_ranks)
+    held = [t for t in plan.terms if t.phase == "training" and (terms is None or t.name in terms)]
+    if num_micro_batches is None:
+        num_micro_batches = 2 if any(t.name == "accumulated gradients" for t in held) else 1
     tokens = config.batch.max_tokens_per_microbatch
     row = min(engine_max_len(config, args.max_position_embeddings), tokens)
-    temperature = config.rollout.temperature
+    temperature, sync = config.rollout.temperature, config.train.gradient_sync
     warm_up = synthetic_micro_batch(args.vocab_size, min(row, 256), 1)
-    forward_backward(model, [warm_up], config.loss, temperature=temperature)
-    mb = synthetic_micro_batch(args.vocab_size, tokens, -(-tokens // row))
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    forward_backward(model, [mb], config.loss, temperature=temperature)
-    torch.cuda.synchronize()
-    measured = torch.cuda.max_memory_allocated() - before
-    gpu_gib = torch.cuda.get_device_properties(0).total_memory / GIB
-    plan = plan_memory(config, args, gpu_gib, num_ranks)
-    planned = sum(t.bytes for t in plan.terms
-                  if t.name in ("activations", "backward working set"))
-    return {"tokens": float(tokens), "measured_gib": measured / GIB,
-            "planned_gib": planned / GIB, "ratio": measured / planned,
-            "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
-            "plan_total_gib": plan.total_bytes / GIB}
+    forward_backward(model, [warm_up], config.loss, temperature=temperature,
+                     gradient_sync=sync)
+    mbs = [synthetic_micro_batch(args.vocab_size, tokens, -(-tokens // row), seed=i)
+           for i in range(num_micro_batches)]
+    if on_gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated() if on_gpu else 0
+    forward_backward(model, mbs, config.loss, temperature=temperature, gradient_sync=sync)
+    planned = sum(t.bytes for t in held)
+    figures: dict[str, Any] = {
+        "tokens": float(tokens), "num_micro_batches": num_micro_batches,
+        "planned_gib": planned / GIB, "plan_total_gib": plan.total_bytes / GIB,
+        "terms": {t.name: t.bytes / GIB for t in held}, "measured_gib": None, "ratio": None}
+    if on_gpu:
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated() - before
+        figures.update(measured_gib=measured / GIB, ratio=measured / planned,
+                       peak_allocated_gib=torch.cuda.max_memory_allocated() / GIB)
+    return figures

@@ -52,6 +52,10 @@ class RowBound:
     """The arithmetic, e.g. "compaction.max_context_tokens + rollout.max_new_tokens = ..."."""
     knob: str
     """What to lower to shorten it."""
+    engine_capped: bool = False
+    """The bound is the engine's context plus the one token it never feeds back, and
+    that context never passes the model's positions (the row's last position predicts
+    nothing), so the positions check holds for it by construction."""
 
 
 class Preflight:
@@ -137,7 +141,34 @@ class Preflight:
 
     @cached_property
     def longest_row(self) -> RowBound:
-        """The longest row any rollout can make under these settings."""
+        """The longest row any rollout can make under these settings: the built-in loop's
+        (:meth:`loop_row`) or, with a harness environment, a program's request (its
+        prompt is the program's own context, which compaction never cuts: only the
+        engine's context bounds it)."""
+        loop = self.loop_row
+        harnesses = [env.display_name() for env in self.config.environments
+                     if env.harness is not None]
+        if not harnesses:
+            return loop
+        from agentrl.engines.build import engine_max_len, max_request_row
+
+        positions = self.model.max_position_embeddings
+        context, total = engine_max_len(self.config, positions), max_request_row(
+            self.config, positions)
+        harness = RowBound(
+            total, f"a harness request of {', '.join(harnesses)} is a row of the program's "
+            "own context, which compaction does not cut: the engine's context "
+            f"{context} (a prompt of up to {context - 1} tokens, then generated tokens while "
+            f"they fit) + its last sampled token, never fed back, = {total}",
+            "compaction.max_context_tokens or rollout.max_new_tokens (they size the engine's "
+            "context)" if self.config.compaction.strategy != "none" else
+            "rollout.max_rollout_tokens (it sizes the engine's context)",
+            engine_capped=context == positions)
+        return loop if loop.tokens >= harness.tokens else harness
+
+    @cached_property
+    def loop_row(self) -> RowBound:
+        """The longest row the built-in multi-turn loop can make (compaction, threads)."""
         rollout, compaction = self.config.rollout, self.config.compaction
         if compaction.strategy != "none":
             total = compaction.max_context_tokens + rollout.max_new_tokens
@@ -215,7 +246,7 @@ def check_positions(pf: Preflight) -> str:
             f"positions ({source}) with even one prompt token; lower rollout.max_new_tokens "
             f"below {positions}")
     row = pf.longest_row
-    if row.tokens > positions:
+    if row.tokens > positions + (1 if row.engine_capped else 0):
         raise ConfigError(
             f"the longest row passes the model's {positions} positions ({source}): "
             f"{row.how}; lower {row.knob} by {row.tokens - positions}")

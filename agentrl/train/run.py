@@ -191,7 +191,7 @@ class Run:
         tensors = iter_full_parameters(self.model, self.compute_dtype, select)
         if self.collector is not None:  # generating meanwhile: hand over a snapshot
             with groups.one_communicator_at_a_time():  # the gathers, not beside a sync
-                snapshot = {name: tensor.clone() for name, tensor in tensors}
+                snapshot = self.collector.snapshot(tensors)
             self.collector.publish(snapshot, self.state.step if version is None else version)
         elif self.engine is None:
             for _ in tensors:  # ranks 1..N: take part in each gather

@@ -23,7 +23,13 @@ def test_gpu_acceptance_dry_run_passes_every_check_it_can_run_here() -> None:
     passed = [line for line in checks if line.startswith("[PASS]")]
     for name in ("exits 0", "three training steps", "attention kernel as announced",
                  "FSDP2 over every rank", "two updates per collection",
-                 "KL term active", "log-probs agree", "checkpoint written"):
+                 "KL term active", "log-probs agree", "checkpoints written",
+                 "[resume] --resume from step_2", "[resume] starts at the newest checkpoint",
+                 "[resume] every step once", "[resume] counters continue",
+                 "[resume] redone step 3 equals", "[rank-0 wait]",
+                 "after sleep: the sync wakes only the weights",
+                 "after sleep: the KV cache stays freed",
+                 "[memory] an FSDP2-sharded training step"):
         assert any(name in line for line in passed), (name, lines)
     assert any(line.startswith("[SKIP] [vllm]") for line in checks)
     assert any("[engines]" in line for line in passed)  # two agentrl serve replicas, gloo
@@ -42,7 +48,8 @@ def _checks_of(monkeypatch, tmp_path, status, log, records, dry_run=False):
     """check_training's verdicts on a run that returned ``status``, ``log``, ``records``."""
     from bench import gpu_acceptance as acceptance
 
-    monkeypatch.setattr(acceptance, "train", lambda machine, engine, out: (status, log, records))
+    monkeypatch.setattr(acceptance, "train",
+                        lambda machine, engine, out, *_, **__: (status, log, records))
     report = acceptance.Report()
     machine = acceptance.Machine(dry_run, 0 if dry_run else 4, "cpu" if dry_run else "H100")
     acceptance.check_training(report, machine, "torch", tmp_path)
@@ -60,7 +67,8 @@ GOOD_LOG = "ranks: 4\nattention: torch varlen_attn (bfloat16)\n"
 
 def test_each_training_check_can_fail(monkeypatch, tmp_path) -> None:
     good = [_step(s, **{"loss/mismatch_scored": 0.01}) for s in (1, 2, 3)]
-    (tmp_path / "checkpoints" / "step_3").mkdir(parents=True)
+    for step in (2, 3):
+        (tmp_path / "checkpoints" / f"step_{step}").mkdir(parents=True)
     passing = _checks_of(monkeypatch, tmp_path, 0, GOOD_LOG, good)
     assert len(passing) == 8 and set(passing.values()) == {"PASS"}
     # a timeout or a run without steps is a FAIL, not a crash
@@ -78,6 +86,9 @@ def test_each_training_check_can_fail(monkeypatch, tmp_path) -> None:
     far = [_step(s, **{"loss/mismatch_scored": 0.2}) for s in (1, 2, 3)]
     assert _checks_of(monkeypatch, tmp_path, 0, GOOD_LOG, far)[
         "engine and trainer log-probs agree"] == "FAIL"
+    (tmp_path / "checkpoints" / "step_2").rmdir()  # nothing to resume from
+    assert _checks_of(monkeypatch, tmp_path, 0, GOOD_LOG, good)[
+        "checkpoints written"] == "FAIL"
 
 
 def test_the_gpu_run_uses_the_shipped_engine_settings() -> None:

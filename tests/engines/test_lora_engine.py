@@ -166,3 +166,28 @@ def test_a_next_turn_never_continues_a_cache_of_another_adapter_version(
     assert second.token_ids == fresh.token_ids
     torch.testing.assert_close(torch.tensor(second.logprobs), torch.tensor(fresh.logprobs),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_a_request_admitted_before_the_first_sync_finishes_on_the_base_model() -> None:
+    """Version 0 before any sync is the base (no adapter installed): a sync that arrives
+    while such a request runs must not leave it without an adapter to look up."""
+    base = TorchEngine(make_model().eval(), max_batch_size=4, max_len=64, batch_invariant=True)
+    alone_base = generate(base, seed=7, max_tokens=20)
+    only_v1 = lora_engine()
+    only_v1.update_weights(adapters(seed=2).items(), version=1)
+    alone_new = generate(only_v1, seed=8, max_tokens=6)
+
+    engine = lora_engine()  # no sync yet: the base model, version 0
+
+    async def main():
+        old = asyncio.create_task(engine.generate(PROMPT, params(7, max_tokens=20)))
+        for _ in range(5):  # admitted at version 0, decoding
+            await asyncio.sleep(0)
+        engine.update_weights(adapters(seed=2).items(), version=1, in_flight=True)
+        new = await engine.generate(PROMPT, params(8, max_tokens=6))  # beside the old one
+        return await old, new
+
+    old, new = asyncio.run(main())
+    assert old.versions == [0] * 20 and new.versions == [1] * 6
+    assert old.token_ids == alone_base.token_ids and old.logprobs == alone_base.logprobs
+    assert new.token_ids == alone_new.token_ids and new.logprobs == alone_new.logprobs

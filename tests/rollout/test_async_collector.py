@@ -242,3 +242,15 @@ def test_weights_wait_for_a_validation_sharing_the_engine() -> None:
         collector.close()
     assert engine.updates == [(1, False, 1.0)]  # applied once, after the validation
     assert (3, 1) in runner.starts  # collection 3 generated with version 1
+
+
+def test_the_snapshot_is_the_trainers_own_copy() -> None:
+    from agentrl.rollout.collector_process import ProcessCollector
+
+    weight = torch.ones(3)
+    for snapshot in (AsyncCollector.snapshot, ProcessCollector.snapshot):
+        copy = snapshot(iter([("w", weight * 1)]))  # a gathered tensor, as the trainer's
+        assert list(copy) == ["w"] and copy["w"].device.type == "cpu"
+    thread_copy = AsyncCollector.snapshot(iter([("w", weight)]))
+    weight.add_(1.0)  # the trainer's next update, in place
+    assert torch.equal(thread_copy["w"], torch.ones(3))
