@@ -4,12 +4,12 @@
 
 Trains examples/harness/calc_agent.py (a plain tool-calling loop on the official
 ``openai`` client, its ``calculate`` tool its own) on agentrl/Calculator-v0's tasks from
-the earlier quickstart's warm start (assets/calc-countdown-sft), deterministically (``train.deterministic``), 4 groups x 8
-rollouts per step in 2 updates of 16, and prints the training reward of every step, the
-mean of the first and last quarter of the steps, the wall time and the machine's load
-(``os.getloadavg``) before and after. ``tests/harness/test_train_harness.py`` checks two
-smaller steps of this config (rows, rewards, advantages, weights, versions); whether the
-reward rises is measured here.
+the earlier quickstart's warm start (assets/calc-countdown-sft), deterministically
+(``train.deterministic``), 4 groups x 8 rollouts per step in 2 updates of 16, and prints
+the training reward of every step, the mean of the first and last quarter of the steps,
+the wall time and the machine's load (``os.getloadavg``) before and after.
+``tests/harness/test_train_harness.py`` checks two smaller steps of this config (rows,
+rewards, advantages, weights, versions); whether the reward rises is measured here.
 
 Every torch op runs single-threaded (on a small shared machine threads only fight).
 """

@@ -3,10 +3,11 @@
     python -m bench.lora_learning [--steps 80] [--rank 16] [--lrs 3e-3] [--out /tmp/lora-bench]
 
 Runs `agentrl train configs/calc_countdown.toml` (the earlier quickstart) once with every
-weight trained (its own lr, 3e-4) and once per LoRA lr (rank ``--rank``, alpha 2·rank, every projection), each for
-``--steps`` steps (16 groups × 8 rollouts each: equal rollouts), and prints the greedy
-held-out accuracy (256 tasks per environment) of every validation, the final figure of
-each arm and its shortfall against full fine-tuning (the target: within 0.05).
+weight trained (its own lr, 3e-4) and once per LoRA lr (rank ``--rank``, alpha 2·rank,
+every projection), each for ``--steps`` steps (16 groups × 8 rollouts each: equal
+rollouts), and prints the greedy held-out accuracy (256 tasks per environment) of every
+validation, the final figure of each arm and its shortfall against full fine-tuning (the
+target: within 0.05).
 """
 
 from __future__ import annotations
