@@ -49,8 +49,9 @@ from agentrl.rollout.env_contract import (
     describe,
     finite_float,
 )
+from agentrl.sandbox.meter import add_seconds, counting
 from agentrl.text import brief, exception_message
-from agentrl.types import MAIN_THREAD, Message
+from agentrl.types import MAIN_THREAD, Message, Spend
 
 ISOLATIONS = ("thread", "process")
 INLINE_WAIT_S = 0.1
@@ -78,6 +79,10 @@ class GuardedEnv:
         """Subagent threads the environment started (their ids must be new)."""
         self._steps = asyncio.Lock()
         """One step at a time: a rollout's threads share the instance (and its worker)."""
+        self.env_s = 0.0
+        """Wall seconds of every call so far, construction included (``Spend.env_s``)."""
+        self.sandbox_s = 0.0
+        """Seconds of sandboxed runs inside those calls (``Spend.sandbox_s``)."""
 
     @classmethod
     async def open(cls, name: str, factory: Callable[[], Any], timeout_s: float,
@@ -89,8 +94,11 @@ class GuardedEnv:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation {isolation!r}; use one of {ISOLATIONS}")
         caller = ProcessCaller(name) if isolation == "process" else ThreadCaller(name)
-        await caller.construct(factory, construct_timeout_s or timeout_s)
+        start = time.perf_counter()
+        with counting() as tally:
+            await caller.construct(factory, construct_timeout_s or timeout_s)
         guarded = cls(name, caller, timeout_s, max_observation_chars)
+        guarded.env_s, guarded.sandbox_s = time.perf_counter() - start, tally.seconds
         guarded.reward_range = await caller.attribute("reward_range")
         return guarded
 
@@ -101,6 +109,22 @@ class GuardedEnv:
         guarded = cls(name, ThreadCaller(name, env), timeout_s, max_observation_chars)
         guarded.reward_range = getattr(env, "reward_range", None)
         return guarded
+
+    async def _call(self, method: str | Callable, args: tuple, kwargs: dict,
+                    what: str | None = None) -> Any:
+        """One call under the deadline, its wall seconds and sandbox seconds counted (also
+        when it fails: the time was spent)."""
+        start = time.perf_counter()
+        try:
+            with counting() as tally:
+                return await self.caller.call(method, args, kwargs, self.timeout_s, what)
+        finally:
+            self.env_s += time.perf_counter() - start
+            self.sandbox_s += tally.seconds
+
+    def record_time(self, spend: Spend) -> None:
+        """Put the seconds of every call so far into a rollout's ``spend``."""
+        spend.env_s, spend.sandbox_s = self.env_s, self.sandbox_s
 
     @property
     def loop_stall_s(self) -> float:
@@ -113,7 +137,7 @@ class GuardedEnv:
         kwargs: dict[str, Any] = {"seed": seed}
         if options is not None:
             kwargs["options"] = options
-        result = await self.caller.call("reset", (), kwargs, self.timeout_s)
+        result = await self._call("reset", (), kwargs)
         messages, _ = check_reset(self.name, result, self.max_observation_chars)
         self.thread_ids.clear()  # a new episode numbers its threads afresh
         return messages
@@ -122,7 +146,7 @@ class GuardedEnv:
         """The tools offered (empty when the environment has no ``tool_schemas``), checked."""
         if not await self.caller.attribute("tool_schemas", probe=True):
             return []
-        schemas = await self.caller.call("tool_schemas", (), {}, self.timeout_s)
+        schemas = await self._call("tool_schemas", (), {})
         return check_tool_schemas(self.name, schemas)
 
     async def needed_facts(self) -> list[str]:
@@ -130,7 +154,7 @@ class GuardedEnv:
         environment does not say), checked."""
         if not await self.caller.attribute("needed_facts", probe=True):
             return []
-        facts = await self.caller.call("needed_facts", (), {}, self.timeout_s)
+        facts = await self._call("needed_facts", (), {})
         return check_needed_facts(self.name, facts)
 
     async def step(self, action: str) -> StepResult:
@@ -149,7 +173,7 @@ class GuardedEnv:
 
     async def _step(self, method: str, thread_id: str, args: tuple) -> StepResult:
         async with self._steps:
-            result = await self.caller.call(method, args, {}, self.timeout_s)
+            result = await self._call(method, args, {})
         reward_range = _range(self.reward_range) if thread_id == MAIN_THREAD else None
         checked = check_step(self.name, result, self.max_observation_chars, reward_range,
                              method)
@@ -162,8 +186,7 @@ class GuardedEnv:
         checked: a finite reward and named finite components."""
         from agentrl.envs.harness import grade_final
 
-        reward, components = await self.caller.call(grade_final, (final, grader), {},
-                                                    self.timeout_s, what="grade")
+        reward, components = await self._call(grade_final, (final, grader), {}, "grade")
         if finite_float(reward) is None:
             raise EnvError("bad_reward", f"env {self.name!r}: grading the final answer gave "
                            f"reward {describe(reward)}; expected a finite float")
@@ -173,7 +196,13 @@ class GuardedEnv:
 
     async def close(self) -> None:
         """Close the instance (deferred to its thread while an abandoned call still runs)."""
-        await self.caller.close(self.timeout_s)
+        start = time.perf_counter()
+        try:
+            with counting() as tally:
+                await self.caller.close(self.timeout_s)
+        finally:
+            self.env_s += time.perf_counter() - start
+            self.sandbox_s += tally.seconds
 
 
 def _range(value: Any) -> tuple[float, float] | None:
@@ -452,7 +481,9 @@ class ProcessCaller:
         self.conn.close()
 
     def _reply(self, what: str, reply: tuple) -> Any:
-        if reply[0] == "ok":
+        if reply[0] == "ok":  # ("ok", value, sandbox seconds the worker counted)
+            if len(reply) > 2:
+                add_seconds(reply[2])
             return reply[1] if len(reply) > 1 else None
         if reply[0] == "raised":
             _, type_name, message, tb, named = reply

@@ -25,6 +25,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from agentrl.sandbox.meter import counting
 from agentrl.text import clip, exception_message
 
 PRELOAD = ["__main__", "agentrl.rollout.env_worker", "agentrl.envs.registry",
@@ -67,7 +68,9 @@ def worker_main(conn: multiprocessing.connection.Connection, factory: Callable[[
         try:
             fn = getattr(env, method) if isinstance(method, str) else functools.partial(method,
                                                                                        env)
-            reply = ("ok", fn(*args, **kwargs))
+            with counting() as tally:  # its sandboxed runs, counted by the parent's guard
+                value = fn(*args, **kwargs)
+            reply = ("ok", value, tally.seconds)
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             reply = _failure(exc)
         _send(conn, reply)

@@ -90,6 +90,7 @@ async def play_episode(
             closed: EnvError | None = None
         except EnvError as exc:
             closed = exc
+    env.record_time(result.stats.spend)  # construction to close
     if closed is not None and result.valid:  # a close failure is the rollout's only fault
         result.valid = False
         result.stats.error, result.stats.error_kind = str(closed), closed.kind
