@@ -185,3 +185,19 @@ def test_the_price_table_loads_from_toml(tmp_path) -> None:
     assert costs == CostsConfig(per_generation_second=0.001, per_million_prompt_tokens=0.5)
     assert load_config(path, overrides=["log.costs.per_env_second=0.01"]).log.costs \
         .per_env_second == 0.01
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/costs.md"])
+def test_the_documented_price_table_loads(page, tmp_path) -> None:
+    import re
+    from pathlib import Path
+
+    from agentrl.config import load_config
+
+    text = (Path(__file__).resolve().parents[2] / page).read_text()
+    [block] = [b for b in re.findall(r"```toml\n(.*?)```", text, re.S) if "[log.costs]" in b]
+    path = tmp_path / "run.toml"
+    path.write_text('[[environments]]\nid = "agentrl/Countdown-v0"\n\n' + block)
+    costs = load_config(path).log.costs
+    assert costs is not None and costs.per_generation_second == 0.0011
+    assert costs.per_sandbox_second == 0.0001
