@@ -152,8 +152,9 @@ class Spend(msgspec.Struct, omit_defaults=True):
     is in flight is shared out equally among the requests in flight then, so the shares of
     all rollouts add up to the seconds the engine had work (``agentrl.rollout.metering``)."""
     env_s: float = 0.0
-    """Wall seconds of the rollout's environment calls (construction, reset, steps and
-    tools, grading, close), as the event loop waited for them."""
+    """Seconds the rollout's environment calls ran (construction, reset, steps and tools,
+    grading, close), timed where the code runs: its thread, its worker process, or the
+    await of a native ``astep`` (``agentrl.rollout.env_guard``)."""
     sandbox_s: float = 0.0
     """Wall seconds of sandboxed runs (``agentrl.sandbox.run_python``) inside those calls;
     part of ``env_s``."""

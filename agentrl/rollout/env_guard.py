@@ -31,7 +31,8 @@ import pickle
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from agentrl.envs.adapters.remote import REMOTE_KINDS
@@ -49,7 +50,7 @@ from agentrl.rollout.env_contract import (
     describe,
     finite_float,
 )
-from agentrl.sandbox.meter import add_seconds, counting
+from agentrl.sandbox.meter import SANDBOX, Meter
 from agentrl.text import brief, exception_message
 from agentrl.types import MAIN_THREAD, Message, Spend
 
@@ -59,6 +60,8 @@ INLINE_WAIT_S = 0.1
 for on the event loop for up to this long before the loop moves on. Quick ones then
 finish in the order the rollouts started, as when they ran on the loop itself; the
 built-in engine's batches, and so bit-exact resume, depend on that order."""
+ENV_CALLS = Meter("env_calls")
+"""Seconds the environment's code ran, counted where it runs (``GuardedEnv.env_s``)."""
 START_TIMEOUT_S = 120.0
 """Seconds a worker process may take to start (not counted against any deadline: the
 first start also starts the forkserver)."""
@@ -80,7 +83,8 @@ class GuardedEnv:
         self._steps = asyncio.Lock()
         """One step at a time: a rollout's threads share the instance (and its worker)."""
         self.env_s = 0.0
-        """Wall seconds of every call so far, construction included (``Spend.env_s``)."""
+        """Seconds the environment's code ran in every call so far, construction included
+        (``Spend.env_s``; see :meth:`_timed`)."""
         self.sandbox_s = 0.0
         """Seconds of sandboxed runs inside those calls (``Spend.sandbox_s``)."""
 
@@ -94,11 +98,9 @@ class GuardedEnv:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation {isolation!r}; use one of {ISOLATIONS}")
         caller = ProcessCaller(name) if isolation == "process" else ThreadCaller(name)
-        start = time.perf_counter()
-        with counting() as tally:
-            await caller.construct(factory, construct_timeout_s or timeout_s)
         guarded = cls(name, caller, timeout_s, max_observation_chars)
-        guarded.env_s, guarded.sandbox_s = time.perf_counter() - start, tally.seconds
+        with guarded._timed():
+            await caller.construct(factory, construct_timeout_s or timeout_s)
         guarded.reward_range = await caller.attribute("reward_range")
         return guarded
 
@@ -112,15 +114,29 @@ class GuardedEnv:
 
     async def _call(self, method: str | Callable, args: tuple, kwargs: dict,
                     what: str | None = None) -> Any:
-        """One call under the deadline, its wall seconds and sandbox seconds counted (also
-        when it fails: the time was spent)."""
+        """One call under the deadline, timed."""
+        with self._timed():
+            return await self.caller.call(method, args, kwargs, self.timeout_s, what)
+
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        """Add the seconds the environment's code ran inside the block (timed where it
+        runs: on its thread, in its worker, or the await of a native ``astep``) and the
+        sandbox seconds within them to the instance's. Never the time the event loop took
+        to notice the call was done: with a busy loop that is no cost of the environment.
+        A call that fails counts at least the time waited for it (a timeout: its
+        deadline)."""
         start = time.perf_counter()
-        try:
-            with counting() as tally:
-                return await self.caller.call(method, args, kwargs, self.timeout_s, what)
-        finally:
-            self.env_s += time.perf_counter() - start
-            self.sandbox_s += tally.seconds
+        with SANDBOX.counting() as sandbox, ENV_CALLS.counting() as ran:
+            try:
+                yield
+            except BaseException:
+                self.env_s += max(ran.seconds, time.perf_counter() - start)
+                raise
+            else:
+                self.env_s += ran.seconds
+            finally:
+                self.sandbox_s += sandbox.seconds
 
     def record_time(self, spend: Spend) -> None:
         """Put the seconds of every call so far into a rollout's ``spend``."""
@@ -196,13 +212,8 @@ class GuardedEnv:
 
     async def close(self) -> None:
         """Close the instance (deferred to its thread while an abandoned call still runs)."""
-        start = time.perf_counter()
-        try:
-            with counting() as tally:
-                await self.caller.close(self.timeout_s)
-        finally:
-            self.env_s += time.perf_counter() - start
-            self.sandbox_s += tally.seconds
+        with self._timed():
+            await self.caller.close(self.timeout_s)
 
 
 def _range(value: Any) -> tuple[float, float] | None:
@@ -283,7 +294,8 @@ class ThreadCaller:
                                          timeout_s)
         if method == "step" and (astep := _native_astep(self.env)) is not None:
             try:
-                return await asyncio.wait_for(astep(*args, **kwargs), timeout_s)
+                with ENV_CALLS.timed():  # it runs on the loop: its await is its time
+                    return await asyncio.wait_for(astep(*args, **kwargs), timeout_s)
             except TimeoutError:
                 raise _timeout(self.name, "step", timeout_s) from None
             except Exception as exc:  # noqa: BLE001 - the environment's own failure
@@ -313,6 +325,7 @@ class ThreadCaller:
         done = threading.Event()
 
         context = contextvars.copy_context()  # the caller's context, as asyncio.to_thread
+        ran = ENV_CALLS.current()
 
         def target() -> None:
             clock["start"] = time.monotonic()
@@ -321,6 +334,8 @@ class ThreadCaller:
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 outcome = (False, exc)
             clock["end"] = time.monotonic()
+            if ran is not None:
+                ran.add(clock["end"] - clock["start"])
             if PROFILER.enabled:
                 PROFILER.add("rollout/env", clock["end"] - clock["start"])
             box.append(outcome)
@@ -481,9 +496,10 @@ class ProcessCaller:
         self.conn.close()
 
     def _reply(self, what: str, reply: tuple) -> Any:
-        if reply[0] == "ok":  # ("ok", value, sandbox seconds the worker counted)
-            if len(reply) > 2:
-                add_seconds(reply[2])
+        if reply[0] == "ok":  # ("ok", value, sandbox seconds, call seconds): env_worker
+            if len(reply) > 3:
+                SANDBOX.add(reply[2])
+                ENV_CALLS.add(reply[3])
             return reply[1] if len(reply) > 1 else None
         if reply[0] == "raised":
             _, type_name, message, tb, named = reply

@@ -1,10 +1,10 @@
-"""Seconds spent in sandboxed runs, counted for whoever asked for them.
+"""Seconds counted for whoever asked for them: the sandbox's, and the same tool for others.
 
 A sandboxed run is started by an environment's tool, deep inside code that knows nothing
 of rollouts. The caller that does know (the rollout side's environment guard) opens a
-:func:`counting` block around each environment call; every :func:`run_python` inside it,
-on the calling thread or on a thread started with a copy of its context, adds its wall
-seconds to that block's :class:`Tally`. Outside any block nothing is counted.
+``SANDBOX.counting()`` block around each environment call; every :func:`run_python`
+inside it, on the calling thread or on a thread started with a copy of its context, adds
+its wall seconds to that block's :class:`Tally`. Outside any block nothing is counted.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from contextvars import ContextVar
 
 
 class Tally:
-    """Seconds of sandboxed runs added up (thread-safe: tools may run on worker threads)."""
+    """Seconds added up (thread-safe: the work may run on other threads)."""
 
     def __init__(self) -> None:
         """Start at zero."""
@@ -30,34 +30,46 @@ class Tally:
             self.seconds += seconds
 
 
-_TALLY: ContextVar[Tally | None] = ContextVar("agentrl_sandbox_tally", default=None)
+class Meter:
+    """Where the seconds of one kind of work go: the innermost :meth:`counting` block of
+    the current context."""
+
+    def __init__(self, name: str) -> None:
+        """``name``: what it counts (for the context variable's name)."""
+        self._tally: ContextVar[Tally | None] = ContextVar(f"agentrl_{name}_tally",
+                                                           default=None)
+
+    @contextmanager
+    def counting(self) -> Iterator[Tally]:
+        """A fresh tally that the work inside this block (and in the threads its context
+        is copied into) adds its seconds to."""
+        tally = Tally()
+        token = self._tally.set(tally)
+        try:
+            yield tally
+        finally:
+            self._tally.reset(token)
+
+    def current(self) -> Tally | None:
+        """The tally of the enclosing block (None outside any), to hand to other threads."""
+        return self._tally.get()
+
+    def add(self, seconds: float) -> None:
+        """Count ``seconds`` for the enclosing block, if any (e.g. a worker process's own
+        count, sent back with its reply)."""
+        tally = self._tally.get()
+        if tally is not None:
+            tally.add(seconds)
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        """Count the block's wall seconds for the enclosing :meth:`counting` block."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(time.perf_counter() - start)
 
 
-@contextmanager
-def counting() -> Iterator[Tally]:
-    """A fresh tally that the sandboxed runs inside this block (and the threads its context
-    is copied into) add their seconds to."""
-    tally = Tally()
-    token = _TALLY.set(tally)
-    try:
-        yield tally
-    finally:
-        _TALLY.reset(token)
-
-
-def add_seconds(seconds: float) -> None:
-    """Count ``seconds`` of sandboxed running for the enclosing :func:`counting` block, if
-    any (a worker process's own tally, sent back with its reply, arrives this way)."""
-    tally = _TALLY.get()
-    if tally is not None:
-        tally.add(seconds)
-
-
-@contextmanager
-def timed_run() -> Iterator[None]:
-    """Time one sandboxed run for the enclosing :func:`counting` block."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        add_seconds(time.perf_counter() - start)
+SANDBOX = Meter("sandbox")
+"""Seconds of sandboxed runs (``run_python``)."""
