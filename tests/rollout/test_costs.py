@@ -101,6 +101,33 @@ def test_a_collection_counts_env_seconds_engine_share_and_tokens_per_rollout(tok
     assert figures["cumulative/cost"] == pytest.approx(10.0 + 2 * generated + prompt)
 
 
+class LoopBlockingEngine(ScriptedEngine):
+    """The scripted engine, each request holding the event loop BLOCK_S (as the built-in
+    engine's forward passes do, on the same loop as the environments' calls)."""
+
+    async def generate(self, prompt_ids, params, key=None) -> Generation:
+        await asyncio.sleep(0.01)  # the others' steps start meanwhile, then wait on us
+        time.sleep(BLOCK_S)
+        return await super().generate(prompt_ids, params, key)
+
+
+BLOCK_S = 0.3
+
+
+def test_env_seconds_are_the_environments_not_the_busy_loops(tokenizer):
+    # instant steps, while the other rollout's requests keep the loop from noticing that
+    # they are done: the loop-side wait would be ~BLOCK_S per step
+    engine = LoopBlockingEngine(tokenizer, lambda prompt, params: "probe")
+    runner = RolloutRunner(_config(group_size=4), engine, tokenizer,
+                           EnvironmentSampler({"slow": 1.0}, 0),
+                           make_env=lambda c: LongEnv(horizon=2, reward=1.0))
+    start = time.perf_counter()
+    result = asyncio.run(runner.collect(step=1, num_rollouts_needed=4))
+    assert time.perf_counter() - start >= 8 * BLOCK_S  # 4 rollouts x 2 requests
+    assert all(r.stats.spend.env_s < BLOCK_S / 2 for r in result.rollouts), [
+        r.stats.spend.env_s for r in result.rollouts]
+
+
 def test_the_price_table_prices_every_figure_per_environment() -> None:
     """A hand-worked step of two environments."""
     played = {
