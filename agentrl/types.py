@@ -142,6 +142,34 @@ whole rollout invalid, and ``Thread.error_kind`` is its invalid kind (``step_rai
 """
 
 
+class Spend(msgspec.Struct, omit_defaults=True):
+    """What playing one rollout used (or, summed, several): the figures a price table
+    turns into cost (``agentrl.observe.costs``). Counted over every thread of the
+    rollout, compaction summaries included."""
+
+    generation_s: float = 0.0
+    """The rollout's share of the engine's busy seconds: each instant an engine request
+    is in flight is shared out equally among the requests in flight then, so the shares of
+    all rollouts add up to the seconds the engine had work (``agentrl.rollout.metering``)."""
+    env_s: float = 0.0
+    """Seconds the rollout's environment calls ran (construction, reset, steps and tools,
+    grading, close), timed where the code runs: its thread, its worker process, or the
+    await of a native ``astep`` (``agentrl.rollout.env_guard``)."""
+    sandbox_s: float = 0.0
+    """Wall seconds of sandboxed runs (``agentrl.sandbox.run_python``) inside those calls;
+    part of ``env_s``."""
+    num_generated_tokens: int = 0
+    """Tokens the engine generated for the rollout (summaries included)."""
+    num_prompt_tokens: int = 0
+    """Prompt tokens sent with the rollout's engine requests: the whole context each time
+    (what an API bills as input; an engine's prefix cache may recompute fewer)."""
+
+    def add(self, other: Spend) -> None:
+        """Accumulate another rollout's figures into these."""
+        for field in Spend.__struct_fields__:
+            setattr(self, field, getattr(self, field) + getattr(other, field))
+
+
 class RolloutStats(msgspec.Struct, omit_defaults=True):
     """What happened during one rollout, for metrics and debugging.
 
@@ -173,6 +201,9 @@ class RolloutStats(msgspec.Struct, omit_defaults=True):
     """Agent programs: requests that sent back an edited assistant message (drift that
     cannot be bridged: each started a new row instead of training on tokens the model did
     not generate)."""
+    spend: Spend = msgspec.field(default_factory=Spend)
+    """Engine, environment and sandbox time and tokens (the whole rollout's; a subagent
+    thread's own ``Thread.stats`` leaves it empty)."""
 
     def harness_compactions(self) -> dict[str, int]:
         """An agent program's compactions by reason (empty for other rollouts)."""

@@ -6,7 +6,9 @@ batch shapes compare on what they spent. With ``--target X`` each run's time-to-
 is printed and drawn: the first validation at or above X and the one before it. Below
 them, the agent side against steps (:mod:`agentrl.observe.panels`): compactions and rows per
 rollout, turns, truncation and its reasons, tool errors by kind, invalid rollouts by
-reason, overall and per environment, each panel only when it was logged.
+reason, then what each step cost (engine, environment and sandbox seconds; with a price
+table ``log.costs``, cost per step and per reward point), overall and per environment,
+each panel only when it was logged.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 
 HELP = "Plot validation accuracy and reward of one or more runs against rollouts, tokens, " \
        "updates and time, and the agent side (compaction, rows, turns, truncation, tool " \
-       "errors, invalid rollouts) per environment; report time-to-target."
+       "errors, invalid rollouts) and cost (seconds, price) per environment; report " \
+       "time-to-target."
 
 X_AXES = (
     ("cumulative/rollouts", "rollouts"),
@@ -153,19 +156,20 @@ def build_figure(runs: dict[str, list[dict[str, Any]]], metric: str, target: flo
     """Validation (when logged) and training reward × four budgets; per run, the overall
     curve (solid) and one per environment (dashed): mixes learn unevenly. Then the
     agent-side panels against steps (compaction, rows, turns, truncation, tool errors,
-    invalid rollouts), only those logged. Every axis with lines has a legend; none is
-    left empty."""
+    invalid rollouts) and the cost panels (seconds, cost per step and per reward point),
+    only those logged. Every axis with lines has a legend; none is left empty."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from agentrl.observe.panels import agent_panels, all_keys, draw
+    from agentrl.observe.panels import agent_panels, all_keys, cost_panels, draw
 
+    keys = all_keys(runs.values())
     has_eval = any(k == metric or (k.startswith("eval/") and k.endswith("/accuracy"))
-                   for k in all_keys(runs.values()))
+                   for k in keys)
     budget_rows = (["eval"] if has_eval else []) + ["reward"]
-    panels = agent_panels(all_keys(runs.values()))
+    panels = agent_panels(keys) + cost_panels(keys)
     ncols = len(X_AXES)
     nrows = len(budget_rows) + -(-len(panels) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.5 * nrows), squeeze=False)

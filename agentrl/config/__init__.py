@@ -12,6 +12,7 @@ from agentrl.config.settings import (
     BatchConfig,
     CompactionConfig,
     Config,
+    CostsConfig,
     EndpointConfig,
     EnvironmentConfig,
     HarnessConfig,
@@ -29,7 +30,7 @@ from agentrl.config.settings import (
 
 __all__ = [
     "SEQUENCE_LEVEL_AGGREGATIONS", "AdvantageConfig", "BatchConfig", "CompactionConfig",
-    "Config", "ConfigError", "EndpointConfig", "EnvironmentConfig", "HarnessConfig",
+    "Config", "ConfigError", "CostsConfig", "EndpointConfig", "EnvironmentConfig", "HarnessConfig",
     "LoRAConfig", "LogConfig", "LossConfig", "MlflowConfig", "ModelConfig", "OptimConfig",
     "RolloutConfig", "TrainConfig", "WandbConfig",
     "config_from_dict", "load_config", "num_local_engines",

@@ -472,6 +472,28 @@ class MlflowConfig(_Section):
     """Run name; "" the run folder's name."""
 
 
+class CostsConfig(_Section):
+    """A price table (``[log.costs]``; absent: seconds and tokens are logged, no cost).
+    Each figure of a step is multiplied by its price and the products added up: the
+    step's cost, per environment and overall (``cost/step``, ``cumulative/cost``,
+    ``cost/per_reward_point``). Any currency; every price >= 0, default 0."""
+
+    per_generation_second: NonNegativeFloat = 0.0
+    """Price of one second of the engine's busy time (``cost/generation_seconds``: the
+    seconds in which a request was in flight, shared among the requests then; with several
+    replicas, the price of them all)."""
+    per_env_second: NonNegativeFloat = 0.0
+    """Price of one second of environment calls (``cost/env_seconds``)."""
+    per_sandbox_second: NonNegativeFloat = 0.0
+    """Price of one second of sandboxed runs (``cost/sandbox_seconds``), charged on top
+    of ``per_env_second`` (those seconds are part of the environment calls)."""
+    per_million_generated_tokens: NonNegativeFloat = 0.0
+    """Price of a million tokens the engine generated (``cost/generated_tokens``)."""
+    per_million_prompt_tokens: NonNegativeFloat = 0.0
+    """Price of a million prompt tokens sent to the engine, the whole context of every
+    request (``cost/prompt_tokens``)."""
+
+
 class LogConfig(_Section):
     live: bool = True
     """Live terminal display during training."""
@@ -489,6 +511,9 @@ class LogConfig(_Section):
     mlflow: MlflowConfig | None = None
     """Also log to MLflow (extra `mlflow`): the same figures, the config (as parameters and
     config.json) and the rollout samples as tables. None: off."""
+    costs: CostsConfig | None = None
+    """A price table that turns each step's seconds and tokens into cost, per environment
+    and per reward point (``[log.costs]``). None: seconds and tokens only."""
 
 
 class Config(_Section):

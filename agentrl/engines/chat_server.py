@@ -72,6 +72,10 @@ class ChatSession(Protocol):
         """How its requests became rows so far (``GET /v1/agentrl/session``)."""
         ...
 
+    engine: Any
+    """The engine that serves its requests (a view of the server's that meters them for
+    the rollout), or None: the server's own."""
+
 
 class ChatServer:
     """Routes chat requests to their sessions and generates on ``engine``."""
@@ -153,8 +157,9 @@ class ChatServer:
     async def _complete(self, session: ChatSession, session_id: str, chat: ChatRequest,
                         request: Request) -> Answer:
         turn = session.begin(chat)
-        work = asyncio.ensure_future(self.engine.generate(turn.prompt_ids, turn.params,
-                                                          key=session_id))
+        engine = getattr(session, "engine", None) or self.engine
+        work = asyncio.ensure_future(engine.generate(turn.prompt_ids, turn.params,
+                                                     key=session_id))
         gone = asyncio.ensure_future(request.disconnected())
         try:
             await asyncio.wait([work, gone], return_when=asyncio.FIRST_COMPLETED)

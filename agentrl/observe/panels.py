@@ -10,7 +10,7 @@ The agent-side panels read what :func:`agentrl.observe.metrics.rollout_figures` 
 :mod:`agentrl.observe.compaction`, ``rows_per_rollout/mean``, ``num_turns/mean``,
 ``truncation_rate``, ``tool_errors/<kind>``, ``invalid_rate``) and the reason counts other
 modules log under ``truncated/<reason>`` and ``invalid/<kind>``, overall and as
-``env/<name>/...``.
+``env/<name>/...``. The cost panels read :mod:`agentrl.observe.costs`'s ``cost/...``.
 """
 
 from __future__ import annotations
@@ -61,8 +61,18 @@ FAMILY_PANELS = (
 )
 
 
+COST_PANELS = (
+    ("engine seconds per step (share of busy time)", "cost/generation_seconds"),
+    ("environment seconds per step", "cost/env_seconds"),
+    ("sandbox seconds per step", "cost/sandbox_seconds"),
+    ("cost per step (log.costs)", "cost/step"),
+    ("cost per reward point (log.costs)", "cost/per_reward_point"),
+)
+"""What each step cost (:mod:`agentrl.observe.costs`), overall and per environment; the
+last two only with a price table."""
+
 SHOWN_WHEN_NONZERO = ("compaction/by_tool/", "compaction/by_budget/",
-                      "compaction/compacted_share")
+                      "compaction/compacted_share", "cost/sandbox_seconds")
 """Figures logged at 0 by every run that never compacts (or never by tool): drawn only
 once they moved."""
 
@@ -118,6 +128,13 @@ def agent_panels(keys: set[str]) -> list[Panel]:
     """Compaction, rows, turns, truncation, tool errors and invalid rollouts: those logged."""
     panels = [metric_panel(keys, title, key) for title, key in METRIC_PANELS]
     panels += [family_panel(keys, title, family) for title, family in FAMILY_PANELS]
+    return [p for p in panels if p is not None]
+
+
+def cost_panels(keys: set[str]) -> list[Panel]:
+    """Engine, environment and sandbox seconds per step, and with a price table the
+    cost per step and per reward point: those logged."""
+    panels = [metric_panel(keys, title, key) for title, key in COST_PANELS]
     return [p for p in panels if p is not None]
 
 

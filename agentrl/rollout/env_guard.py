@@ -31,7 +31,8 @@ import pickle
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from agentrl.envs.adapters.remote import REMOTE_KINDS
@@ -49,8 +50,9 @@ from agentrl.rollout.env_contract import (
     describe,
     finite_float,
 )
+from agentrl.sandbox.meter import SANDBOX, Meter
 from agentrl.text import brief, exception_message
-from agentrl.types import MAIN_THREAD, Message
+from agentrl.types import MAIN_THREAD, Message, Spend
 
 ISOLATIONS = ("thread", "process")
 INLINE_WAIT_S = 0.1
@@ -58,6 +60,8 @@ INLINE_WAIT_S = 0.1
 for on the event loop for up to this long before the loop moves on. Quick ones then
 finish in the order the rollouts started, as when they ran on the loop itself; the
 built-in engine's batches, and so bit-exact resume, depend on that order."""
+ENV_CALLS = Meter("env_calls")
+"""Seconds the environment's code ran, counted where it runs (``GuardedEnv.env_s``)."""
 START_TIMEOUT_S = 120.0
 """Seconds a worker process may take to start (not counted against any deadline: the
 first start also starts the forkserver)."""
@@ -78,6 +82,11 @@ class GuardedEnv:
         """Subagent threads the environment started (their ids must be new)."""
         self._steps = asyncio.Lock()
         """One step at a time: a rollout's threads share the instance (and its worker)."""
+        self.env_s = 0.0
+        """Seconds the environment's code ran in every call so far, construction included
+        (``Spend.env_s``; see :meth:`_timed`)."""
+        self.sandbox_s = 0.0
+        """Seconds of sandboxed runs inside those calls (``Spend.sandbox_s``)."""
 
     @classmethod
     async def open(cls, name: str, factory: Callable[[], Any], timeout_s: float,
@@ -89,8 +98,9 @@ class GuardedEnv:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation {isolation!r}; use one of {ISOLATIONS}")
         caller = ProcessCaller(name) if isolation == "process" else ThreadCaller(name)
-        await caller.construct(factory, construct_timeout_s or timeout_s)
         guarded = cls(name, caller, timeout_s, max_observation_chars)
+        with guarded._timed():
+            await caller.construct(factory, construct_timeout_s or timeout_s)
         guarded.reward_range = await caller.attribute("reward_range")
         return guarded
 
@@ -101,6 +111,36 @@ class GuardedEnv:
         guarded = cls(name, ThreadCaller(name, env), timeout_s, max_observation_chars)
         guarded.reward_range = getattr(env, "reward_range", None)
         return guarded
+
+    async def _call(self, method: str | Callable, args: tuple, kwargs: dict,
+                    what: str | None = None) -> Any:
+        """One call under the deadline, timed."""
+        with self._timed():
+            return await self.caller.call(method, args, kwargs, self.timeout_s, what)
+
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        """Add the seconds the environment's code ran inside the block (timed where it
+        runs: on its thread, in its worker, or the await of a native ``astep``) and the
+        sandbox seconds within them to the instance's. Never the time the event loop took
+        to notice the call was done: with a busy loop that is no cost of the environment.
+        A call that fails counts at least the time waited for it (a timeout: its
+        deadline)."""
+        start = time.perf_counter()
+        with SANDBOX.counting() as sandbox, ENV_CALLS.counting() as ran:
+            try:
+                yield
+            except BaseException:
+                self.env_s += max(ran.seconds, time.perf_counter() - start)
+                raise
+            else:
+                self.env_s += ran.seconds
+            finally:
+                self.sandbox_s += sandbox.seconds
+
+    def record_time(self, spend: Spend) -> None:
+        """Put the seconds of every call so far into a rollout's ``spend``."""
+        spend.env_s, spend.sandbox_s = self.env_s, self.sandbox_s
 
     @property
     def loop_stall_s(self) -> float:
@@ -113,7 +153,7 @@ class GuardedEnv:
         kwargs: dict[str, Any] = {"seed": seed}
         if options is not None:
             kwargs["options"] = options
-        result = await self.caller.call("reset", (), kwargs, self.timeout_s)
+        result = await self._call("reset", (), kwargs)
         messages, _ = check_reset(self.name, result, self.max_observation_chars)
         self.thread_ids.clear()  # a new episode numbers its threads afresh
         return messages
@@ -122,7 +162,7 @@ class GuardedEnv:
         """The tools offered (empty when the environment has no ``tool_schemas``), checked."""
         if not await self.caller.attribute("tool_schemas", probe=True):
             return []
-        schemas = await self.caller.call("tool_schemas", (), {}, self.timeout_s)
+        schemas = await self._call("tool_schemas", (), {})
         return check_tool_schemas(self.name, schemas)
 
     async def needed_facts(self) -> list[str]:
@@ -130,7 +170,7 @@ class GuardedEnv:
         environment does not say), checked."""
         if not await self.caller.attribute("needed_facts", probe=True):
             return []
-        facts = await self.caller.call("needed_facts", (), {}, self.timeout_s)
+        facts = await self._call("needed_facts", (), {})
         return check_needed_facts(self.name, facts)
 
     async def step(self, action: str) -> StepResult:
@@ -149,7 +189,7 @@ class GuardedEnv:
 
     async def _step(self, method: str, thread_id: str, args: tuple) -> StepResult:
         async with self._steps:
-            result = await self.caller.call(method, args, {}, self.timeout_s)
+            result = await self._call(method, args, {})
         reward_range = _range(self.reward_range) if thread_id == MAIN_THREAD else None
         checked = check_step(self.name, result, self.max_observation_chars, reward_range,
                              method)
@@ -162,8 +202,7 @@ class GuardedEnv:
         checked: a finite reward and named finite components."""
         from agentrl.envs.harness import grade_final
 
-        reward, components = await self.caller.call(grade_final, (final, grader), {},
-                                                    self.timeout_s, what="grade")
+        reward, components = await self._call(grade_final, (final, grader), {}, "grade")
         if finite_float(reward) is None:
             raise EnvError("bad_reward", f"env {self.name!r}: grading the final answer gave "
                            f"reward {describe(reward)}; expected a finite float")
@@ -173,7 +212,8 @@ class GuardedEnv:
 
     async def close(self) -> None:
         """Close the instance (deferred to its thread while an abandoned call still runs)."""
-        await self.caller.close(self.timeout_s)
+        with self._timed():
+            await self.caller.close(self.timeout_s)
 
 
 def _range(value: Any) -> tuple[float, float] | None:
@@ -254,7 +294,8 @@ class ThreadCaller:
                                          timeout_s)
         if method == "step" and (astep := _native_astep(self.env)) is not None:
             try:
-                return await asyncio.wait_for(astep(*args, **kwargs), timeout_s)
+                with ENV_CALLS.timed():  # it runs on the loop: its await is its time
+                    return await asyncio.wait_for(astep(*args, **kwargs), timeout_s)
             except TimeoutError:
                 raise _timeout(self.name, "step", timeout_s) from None
             except Exception as exc:  # noqa: BLE001 - the environment's own failure
@@ -284,6 +325,7 @@ class ThreadCaller:
         done = threading.Event()
 
         context = contextvars.copy_context()  # the caller's context, as asyncio.to_thread
+        ran = ENV_CALLS.current()
 
         def target() -> None:
             clock["start"] = time.monotonic()
@@ -292,6 +334,8 @@ class ThreadCaller:
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 outcome = (False, exc)
             clock["end"] = time.monotonic()
+            if ran is not None:
+                ran.add(clock["end"] - clock["start"])
             if PROFILER.enabled:
                 PROFILER.add("rollout/env", clock["end"] - clock["start"])
             box.append(outcome)
@@ -452,7 +496,10 @@ class ProcessCaller:
         self.conn.close()
 
     def _reply(self, what: str, reply: tuple) -> Any:
-        if reply[0] == "ok":
+        if reply[0] == "ok":  # ("ok", value, sandbox seconds, call seconds): env_worker
+            if len(reply) > 3:
+                SANDBOX.add(reply[2])
+                ENV_CALLS.add(reply[3])
             return reply[1] if len(reply) > 1 else None
         if reply[0] == "raised":
             _, type_name, message, tb, named = reply

@@ -6,9 +6,10 @@ worker process the deadline holds: the parent waits on a pipe without blocking i
 loop and kills the worker (SIGKILL) when the deadline passes.
 
 Protocol over one ``multiprocessing`` pipe: the worker sends ``("started",)``, builds the
-environment with the pickled factory and answers ``("ok", attributes)``; then for each request
-``(method, args, kwargs)`` (a method name, or a top-level function called with the
-environment first) it answers ``("ok", value)`` or
+environment with the pickled factory and answers ``("ok", attributes, sandbox_s, call_s)``;
+then for each request ``(method, args, kwargs)`` (a method name, or a top-level function
+called with the environment first) it answers ``("ok", value, sandbox_s, call_s)`` (the
+seconds of its sandboxed runs and of the call itself, for the parent's cost figures) or
 ``("raised", type_name, message, traceback, kind)`` (``kind``: the exception's ``kind``
 attribute, the named reason of a served environment's failure, else None); ``close`` is
 the last request. Workers are forked from a ``forkserver`` (a clean interpreter, never a
@@ -21,10 +22,12 @@ import functools
 import multiprocessing
 import multiprocessing.connection
 import os
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+from agentrl.sandbox.meter import SANDBOX
 from agentrl.text import clip, exception_message
 
 PRELOAD = ["__main__", "agentrl.rollout.env_worker", "agentrl.envs.registry",
@@ -53,12 +56,12 @@ def worker_main(conn: multiprocessing.connection.Connection, factory: Callable[[
     _release_forkserver()
     conn.send(("started",))
     try:
-        env = factory()
+        env, seconds = _timed(factory)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, never raised here
         _send(conn, _failure(exc))
         return
     _send(conn, ("ok", {name: None if callable(getattr(env, name)) else getattr(env, name)
-                        for name in ATTRIBUTES if hasattr(env, name)}))
+                        for name in ATTRIBUTES if hasattr(env, name)}, *seconds))
     while True:
         try:
             method, args, kwargs = conn.recv()
@@ -67,12 +70,22 @@ def worker_main(conn: multiprocessing.connection.Connection, factory: Callable[[
         try:
             fn = getattr(env, method) if isinstance(method, str) else functools.partial(method,
                                                                                        env)
-            reply = ("ok", fn(*args, **kwargs))
+            value, seconds = _timed(functools.partial(fn, *args, **kwargs))
+            reply = ("ok", value, *seconds)
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             reply = _failure(exc)
         _send(conn, reply)
         if method == "close":
             return
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, tuple[float, float]]:
+    """``fn()``, and the seconds the parent's guard counts for it: (its sandboxed runs,
+    the call itself)."""
+    start = time.perf_counter()
+    with SANDBOX.counting() as sandbox:
+        value = fn()
+    return value, (sandbox.seconds, time.perf_counter() - start)
 
 
 def _failure(exc: BaseException) -> tuple[str, str, str, str, str | None]:

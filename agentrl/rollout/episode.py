@@ -11,6 +11,7 @@ traceback. Nothing an environment does reaches the caller as an exception.
 from __future__ import annotations
 
 import contextvars
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -71,12 +72,15 @@ async def play_episode(
     """Build, play and close one instance; every failure gives an invalid rollout.
     ``endpoint``: the run's ``HarnessEndpoint``, for sources with a ``harness``."""
     CURRENT_ROLLOUT.set(spec)
+    start = time.perf_counter()
     try:
         env = await GuardedEnv.open(source.name, source.factory, rollout.step_timeout_s,
                                     rollout.max_observation_chars, source.isolation,
                                     construct_timeout_s=rollout.rollout_timeout_s)
     except EnvError as exc:
-        return _failed_before_start(spec, exc, on_failure)
+        failed = _failed_before_start(spec, exc, on_failure)
+        failed.stats.spend.env_s = time.perf_counter() - start  # the failed construction
+        return failed
     try:
         if source.harness is None:
             result = await play_rollout(spec, env, engine, tokenizer, rollout, compaction,
@@ -90,6 +94,7 @@ async def play_episode(
             closed: EnvError | None = None
         except EnvError as exc:
             closed = exc
+    env.record_time(result.stats.spend)  # construction to close
     if closed is not None and result.valid:  # a close failure is the rollout's only fault
         result.valid = False
         result.stats.error, result.stats.error_kind = str(closed), closed.kind

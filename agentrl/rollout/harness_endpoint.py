@@ -26,6 +26,7 @@ from agentrl.engines.chat_api import ChatRequest
 from agentrl.engines.chat_server import ChatServer, start_chat_server
 from agentrl.engines.interface import SamplingParams
 from agentrl.rollout.harness_session import HarnessSession, SessionLimits
+from agentrl.rollout.metering import MeteredEngine
 from agentrl.staleness import generation_versions
 
 
@@ -99,6 +100,7 @@ class HarnessEndpoint:
 
         session = HarnessSession(session_id, self.tokenizer, limits, sampling,
                                  lambda g: generation_versions(g, self.engine))
+        session.engine = MeteredEngine(self.engine, session.spend)
         self.server.add(session_id, session)
         return session
 

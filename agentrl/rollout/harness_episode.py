@@ -84,7 +84,7 @@ def _rollout(spec: RolloutSpec, session: HarnessSession | None, reward: float,
         stats = RolloutStats(
             num_turns=session.num_completions, num_compactions=len(compactions),
             num_generated_tokens=sum(s.num_generated_tokens for s in segments),
-            compactions=compactions, num_drift=session.num_drift)
+            compactions=compactions, num_drift=session.num_drift, spend=session.spend)
     scaled = reward * spec.reward_scale
     if failure is None and not math.isfinite(scaled):
         failure = EnvError("bad_reward", f"env {spec.env!r}: reward {reward!r} x reward_scale "

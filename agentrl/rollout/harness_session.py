@@ -35,7 +35,7 @@ from agentrl.engines.chat_api import ChatError, ChatRequest, reply_key
 from agentrl.engines.interface import Generation, SamplingParams
 from agentrl.rollout.context import ChatContext
 from agentrl.rollout.segment_builder import SegmentBuilder
-from agentrl.types import MAIN_THREAD, Segment, Thread
+from agentrl.types import MAIN_THREAD, Segment, Spend, Thread
 
 ERROR_KINDS = {"model_not_found": "harness_foreign_model", "budget_exceeded": "harness_budget",
                "context_length_exceeded": "engine_refused",
@@ -146,6 +146,11 @@ class HarnessSession:
         self.failure: tuple[str, str] | None = None
         """(invalid kind, message) of the first refused request."""
         self.closed = False
+        self.spend = Spend()
+        """Its requests' share of the engine's time and their tokens (``engine`` adds)."""
+        self.engine: Any = None
+        """What serves its requests: set by the endpoint to a metered view of the run's
+        engine; None: the server's own."""
 
     # ------------------------------------------------------------ the endpoint's calls
 

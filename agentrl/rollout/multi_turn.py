@@ -38,10 +38,11 @@ from agentrl.rollout.context import ChatContext
 from agentrl.rollout.env_contract import EnvError
 from agentrl.rollout.env_guard import GuardedEnv
 from agentrl.rollout.facts import FactTracker
+from agentrl.rollout.metering import MeteredEngine
 from agentrl.rollout.segment_builder import SegmentBuilder
 from agentrl.rollout.subagents import RolloutTree
 from agentrl.staleness import generation_versions
-from agentrl.types import Compaction, Rollout, RolloutStats, Segment
+from agentrl.types import Compaction, Rollout, RolloutStats, Segment, Spend
 
 
 class RolloutSpec(msgspec.Struct, frozen=True):
@@ -288,6 +289,8 @@ async def play_rollout(
     if not isinstance(env, GuardedEnv):
         env = GuardedEnv.wrap(spec.env, env, rollout.step_timeout_s,
                               rollout.max_observation_chars)
+    spend = Spend()  # every thread's requests, summaries included, through one meter
+    engine = MeteredEngine(engine, spend)
     # the main thread plays a view of the environment that runs any subagent threads
     tree = RolloutTree(spec, env, engine, tokenizer, rollout, compaction, RolloutPlayer)
     player = RolloutPlayer(spec, tree.main_view(), engine, tokenizer, rollout, compaction)
@@ -298,4 +301,6 @@ async def play_rollout(
             "rollout_timeout", f"rollout timed out after {rollout.rollout_timeout_s}s"))
     if player.failure is not None and on_failure is not None:
         on_failure(spec, player.failure)
+    result.stats.spend = spend
+    env.record_time(spend)  # so far; play_episode adds construction and close
     return tree.attach(result)

@@ -37,6 +37,7 @@ import msgspec
 
 from agentrl.config import Config, EnvironmentConfig
 from agentrl.engines.interface import InferenceEngine
+from agentrl.observe.costs import PlayedCosts
 from agentrl.observe.metrics import drop_reason
 from agentrl.rollout.env_contract import EnvError
 from agentrl.rollout.episode import EnvSource, isolation_of, play_episode
@@ -71,6 +72,9 @@ class CollectionResult(msgspec.Struct):
     engine_idle_s: float = 0.0
     """Seconds the engine waited for recent enough weights before this collection
     (asynchronous collection only)."""
+    costs: dict[str, PlayedCosts] = {}
+    """Per environment name, what every rollout played used and earned, dropped groups
+    included (``agentrl.observe.costs``)."""
 
     @property
     def rollouts(self) -> list[Rollout]:
@@ -100,6 +104,8 @@ class RolloutRunner:
         self.envs = {e.display_name(): e for e in config.environments}
         self._limit = asyncio.Semaphore(config.rollout.max_concurrent_rollouts)
         self.log = InvalidLog()
+        self.costs: dict[str, PlayedCosts] = {}
+        """What this collection's rollouts used so far, per environment."""
         self._in_process: set[str] = set()
         """Environments moved to worker processes after a call froze the event loop."""
         self.endpoint = None
@@ -135,6 +141,7 @@ class RolloutRunner:
         if failure is not None:
             self._on_failure(spec, failure)
         self.log.count(rollout)
+        self.costs.setdefault(spec.env, PlayedCosts()).count(rollout)
         return rollout
 
     def _source(self, env_config: EnvironmentConfig) -> EnvSource:
@@ -166,6 +173,7 @@ class RolloutRunner:
         sampler); a group dynamic sampling drops is replaced by a fresh task of the SAME
         environment, so the collection holds exactly those groups, never more."""
         self.log.reset()
+        self.costs = {}
         filtering = self.config.rollout.filter_uniform_groups
         max_rounds = 1 + (self.config.rollout.max_extra_collections if filtering else 0)
         draws = self.sampler.sample_tasks(self._groups_for(num_rollouts_needed))
@@ -197,7 +205,7 @@ class RolloutRunner:
             groups=kept + fallback, dropped={k: dict(v) for k, v in dropped.items()},
             num_rounds=rounds, fallback_groups=len(fallback),
             num_played=dict(self.log.played), invalid=self.log.invalid_counts(),
-            first_errors=dict(self.log.first),
+            first_errors=dict(self.log.first), costs=self.costs,
         )
 
     def _groups_for(self, num_rollouts: int) -> int:

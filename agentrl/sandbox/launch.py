@@ -23,6 +23,7 @@ from agentrl.sandbox.bwrap import (
 )
 from agentrl.sandbox.capture import Capture, launch
 from agentrl.sandbox.interpreter import NOBODY, reachable, sandbox_interpreter
+from agentrl.sandbox.meter import SANDBOX
 from agentrl.sandbox.process import net_prefix, process_interpreter
 from agentrl.sandbox.types import ISOLATIONS, SandboxLimits, SandboxResult, SandboxUnavailableError
 
@@ -45,9 +46,11 @@ def run_python(code: str, limits: SandboxLimits | None = None, isolation: str = 
     limits = limits or SandboxLimits()
     if isolation == "bwrap":
         require_isolation("bwrap")
-        return _run_bwrap(code, limits, audit_hook)
+        with SANDBOX.timed():  # sandbox seconds of the rollout whose tool this is (meter.py)
+            return _run_bwrap(code, limits, audit_hook)
     if isolation == "process":
-        return _run_process(code, limits, audit_hook)
+        with SANDBOX.timed():
+            return _run_process(code, limits, audit_hook)
     raise ValueError(f"isolation = {isolation!r} is not one of {list(ISOLATIONS)}")
 
 

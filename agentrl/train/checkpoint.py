@@ -61,6 +61,8 @@ class TrainerState(msgspec.Struct, kw_only=True):
     """Tokens sampled from the policy so far."""
     cumulative_active_s: float = 0.0
     """Seconds spent in generate, train and sync phases so far (for time-to-target)."""
+    cumulative_cost: float = 0.0
+    """Cost of the steps so far under the price table ``log.costs`` (0 without one)."""
     sampler: dict[str, Any] = {}
     python_rng: list[Any] = []
     numpy_rng: dict[str, Any] = {}

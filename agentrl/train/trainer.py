@@ -31,6 +31,7 @@ import torch
 from agentrl.advantage import compute_advantages
 from agentrl.engines.router import EngineRouter
 from agentrl.loss import scores_proximal_policy
+from agentrl.observe.costs import cost_figures
 from agentrl.observe.metrics import (
     collection_figures,
     loss_figures,
@@ -169,6 +170,9 @@ def train_step(run: Run, step: int,
         metrics.update(run.engine.replica_figures())
     if run.collector is not None:
         metrics.update(asynchronous_figures(collection.stale_dropped, collection.engine_idle_s))
+    costs = cost_figures(collection.costs, run.config.log.costs, run.state.cumulative_cost)
+    run.state.cumulative_cost = costs.get("cumulative/cost", run.state.cumulative_cost)
+    metrics.update(costs)
     metrics.update(cumulative(run.state))
     metrics.update({f"time/{phase}": s for phase, s in timer.seconds.items()})
     return metrics

@@ -26,16 +26,25 @@ Curve = tuple[str, str]
 
 
 def curve_images(metrics: list[dict[str, Any]]) -> list[Curve]:
-    """Reward, validation accuracy when logged, and the agent-side panels, vs step."""
+    """Reward, validation accuracy when logged, the agent-side and the cost panels, vs
+    step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from agentrl.observe.panels import agent_panels, all_keys, draw, reward_panel, validation_panel
+    from agentrl.observe.panels import (
+        agent_panels,
+        all_keys,
+        cost_panels,
+        draw,
+        reward_panel,
+        validation_panel,
+    )
 
     keys = all_keys([metrics])
-    panels = [reward_panel(keys), validation_panel(keys), *agent_panels(keys)]
+    panels = [reward_panel(keys), validation_panel(keys), *agent_panels(keys),
+              *cost_panels(keys)]
     curves = []
     for panel in panels:
         if panel is None:

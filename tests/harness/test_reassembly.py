@@ -44,6 +44,12 @@ def test_a_tool_calling_loop_is_one_row_identical_to_the_built_in_loop() -> None
     assert mine.segments[0].loss_mask == theirs.segments[0].loss_mask
     assert mine.reward == theirs.reward
     assert_rows_hold_what_the_engine_saw(mine, engine.calls)
+    # the same requests, metered through the endpoint as through the built-in loop
+    spent, reference = mine.stats.spend, theirs.stats.spend
+    assert spent.num_prompt_tokens == reference.num_prompt_tokens > 0
+    assert spent.num_generated_tokens == reference.num_generated_tokens == sum(
+        s.num_generated_tokens for s in mine.segments)
+    assert spent.generation_s > 0 and spent.env_s > 0
 
 
 def test_a_harness_that_rewrites_its_history_gives_rows_of_one_rollout(tiny_dir) -> None:

@@ -52,7 +52,12 @@ def test_the_rollout_side_runs_in_its_own_process(tmp_path, model_dir) -> None:
 def test_a_killed_collector_process_is_an_error_naming_it(tmp_path, model_dir) -> None:
     run = build_run(_config(model_dir), tmp_path / "run")
     try:
-        assert run.collect(1).rollouts  # the child answers
+        collection = run.collect(1)
+        assert collection.rollouts  # the child answers
+        # what each rollout used crossed the pipe: the child's engine share and tokens
+        costs = collection.costs
+        assert sum(c.num_rollouts for c in costs.values()) == len(collection.rollouts)
+        assert all(c.generation_s > 0 and c.num_generated_tokens > 0 for c in costs.values())
         os.kill(run.collector._process.pid, signal.SIGKILL)
         with pytest.raises(RuntimeError, match=r"collector process exited \(code -9\)"):
             run.collect(2)

@@ -101,6 +101,8 @@ def test_a_slow_constructor_has_the_rollout_deadline(tokenizer):
     _, result = collect(tokenizer, config, lambda c: make_broken("slow_constructor"))
     assert [r.stats.error_kind for r in result.rollouts] == ["construct_timeout"] * 2
     assert "the constructor timed out: no return within 0.3 s" in result.rollouts[0].stats.error
+    # the time it was given is still the environment's cost
+    assert all(r.stats.spend.env_s >= 0.3 for r in result.rollouts)
 
 
 def test_a_worker_stuck_in_c_code_dies_with_the_trainer(tmp_path):

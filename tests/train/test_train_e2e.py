@@ -98,9 +98,11 @@ def _weights(path):
 
 
 def _without_times(record):
-    """A metrics record without its wall-clock figures (seconds and rates per second)."""
+    """A metrics record without its wall-clock figures (seconds, rates per second, and
+    the costs priced from seconds)."""
     return {k: v for k, v in record.items() if not k.startswith("time/") and
-            not k.endswith(("_s", "tokens_per_s"))}
+            not k.endswith(("_s", "tokens_per_s", "_seconds", "cost/step", "per_reward_point"))
+            and k != "cumulative/cost"}
 
 
 DETERMINISTIC = ["train.deterministic=true"]

@@ -4,7 +4,8 @@ Two environments: ``LongToolEnv`` answers every reply with a bulky tool result f
 turns, so contexts pass a small budget and drop_oldest compaction fires; its tool results
 carry markup (``<script>``, ``[bold]``) that every renderer must show as text. The second
 is the single-turn ``ShortAnswerEnv`` of the end-to-end tests. Validation runs at steps 0
-and 2, so the metrics hold both training and validation figures.
+and 2, so the metrics hold both training and validation figures; a price table
+(``log.costs``) makes the run log its cost.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ seed = 5
 [log]
 live = false
 rollouts_random_per_env = 1
+[log.costs]
+per_generation_second = 0.01
+per_env_second = 0.001
+per_million_generated_tokens = 2.0
+per_million_prompt_tokens = 0.5
 [[environments]]
 id = "tests.transcripts.conftest:LongToolEnv"
 name = "longtool"

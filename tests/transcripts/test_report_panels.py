@@ -17,6 +17,12 @@ AGENT_TITLES = ["compactions per rollout", "compactions forced by the budget per
                 "turns per rollout", "truncated share of rollouts", "invalid share of rollouts",
                 "tool errors by kind"]
 
+COST_TITLES = ["engine seconds per step (share of busy time)", "environment seconds per step",
+               "cost per step (log.costs)"]
+PRICES = {"cost/generation_seconds": 0.01, "cost/env_seconds": 0.001,
+          "cost/generated_tokens": 2e-6, "cost/prompt_tokens": 0.5e-6}
+"""The fixture's price table, per logged figure."""
+
 
 def without_validation(records):
     return [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in records
@@ -48,7 +54,10 @@ def test_report_has_no_empty_axes_and_a_legend_everywhere(sampled_run, validatio
     assert [t for t in titles if t in AGENT_TITLES] == AGENT_TITLES
     # "truncated rollouts by reason" is drawn only when the run truncated a rollout
     truncated = any(v for r in records for k, v in r.items() if k.startswith("truncated/"))
-    assert len(titles) == (18 if validation else 14) + truncated
+    assert [t for t in titles if t in COST_TITLES] == COST_TITLES
+    assert "sandbox seconds per step" not in titles  # no environment ran the sandbox
+    rewarded = any(k.endswith("cost/per_reward_point") for r in records for k in r)
+    assert len(titles) == (18 if validation else 14) + len(COST_TITLES) + truncated + rewarded
     assert "compactions by the policy's tool per rollout" not in titles  # never moved
 
 
@@ -92,3 +101,33 @@ def test_report_command_writes_the_png(sampled_run, tmp_path) -> None:
     out = tmp_path / "report.png"
     assert main(["report", str(sampled_run), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cost_panels_draw_what_the_price_table_made_of_each_step(sampled_run) -> None:
+    records = [r for r in read_metrics(sampled_run) if "cost/step" in r]
+    assert len(records) == 2  # both training steps
+    running = 0.0
+    for record in records:
+        for prefix in ("", "env/longtool/", "env/short/"):
+            priced = sum(record[prefix + key] * rate for key, rate in PRICES.items())
+            assert record[prefix + "cost/step"] == pytest.approx(priced)
+            assert record[prefix + "cost/generation_seconds"] > 0
+            tokens = record[prefix + "cost/generated_tokens"]
+            assert record[prefix + "cost/prompt_tokens"] > tokens > 0
+        assert record["cost/step"] == pytest.approx(
+            record["env/longtool/cost/step"] + record["env/short/cost/step"])
+        running += record["cost/step"]
+        assert record["cumulative/cost"] == pytest.approx(running)
+        # synchronous collection: the engine was busy only inside the generation phase
+        assert record["cost/generation_seconds"] <= record["time/generate"]
+        # no dynamic sampling: the rollouts played are the ones trained
+        reward_sum = record["reward/mean"] * record["num_rollouts"]
+        assert record["cost/per_reward_point"] == pytest.approx(record["cost/step"] / reward_sum)
+    fig = build_figure({"run": read_metrics(sampled_run)}, "eval/accuracy", None)
+    check_axes(fig)
+    by_title = {ax.get_title(): ax for ax in fig.axes}
+    cost = by_title["cost per step (log.costs)"]
+    assert [ln.get_label() for ln in cost.lines] == ["all", "longtool", "short"]
+    assert cost.lines[1].get_ydata().tolist() == [r["env/longtool/cost/step"] for r in records]
+    assert "all" in [ln.get_label() for ln in by_title["cost per reward point (log.costs)"].lines]
+    plt.close(fig)

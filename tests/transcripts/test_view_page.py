@@ -66,6 +66,7 @@ def test_the_page_is_self_contained_and_its_data_cannot_close_the_script(page) -
     assert text.count("<script") == 2 and text.count("</script>") == 2  # the data and ours
     assert script_json({"t": "</script><!--&"}) == '{"t":"\\u003c/script\\u003e\\u003c!--\\u0026"}'
     assert text.count('src="data:image/svg+xml;base64,') >= 6  # reward, validation, agent panels
+    assert "cost per step (log.costs)" in text  # and the cost panels (the run has a price table)
 
 
 def test_the_browser_builds_the_rollout_list_and_turns(page, sampled_run, tmp_path) -> None:
