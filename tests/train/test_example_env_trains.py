@@ -31,7 +31,7 @@ def test_example_env_trains_in_the_quickstart_mix(tmp_path, monkeypatch):
     out = tmp_path / "run"
     assert main(["train", str(MIX), "--out", str(out), "--set", "train.num_steps=1",
                  "--set", "train.eval_every=0", "--set", "log.live=false",
-                 "--set", "batch.rollout_batch_size=7", "--set", "batch.global_batch_size=56",
+                 "--set", "batch.rollout_batch_size=9", "--set", "batch.global_batch_size=72",
                  "--set", "train.checkpoint_every=0"]) == 0
     step = read_metrics(out)[0]
     assert step["env/reverse_word/num_rollouts"] == 8
