@@ -9,10 +9,10 @@ float rounding; a test checks each against the others where it can run):
   CUDA (bf16/fp16, compute capability 8.0+). Nothing to build: the GPU default.
 - ``"flash"``: flash-attn's ``flash_attn_varlen_func``, an optional extra
   (``pip install agentrl[flash]``, built from source, see the README); only when asked.
-- ``"torch"``: ``scaled_dot_product_attention(is_causal=True)`` per row, rows of similar
-  length batched into one right-padded call (exact: causal queries never see the
-  padding). On CPU far faster than one SDPA over the whole pack with a block-diagonal
-  mask (the mask path does T^2 work for every row; see bench/attention.py).
+- ``"torch"``: ``scaled_dot_product_attention(is_causal=True)`` per row, exact, the rows
+  of equal length stacked into one call. On CPU far faster than one SDPA over the whole
+  pack with a block-diagonal mask (the mask path does T^2 work for every row; see
+  bench/attention.py).
 
 ``deterministic`` asks for a backward that sums in a fixed order: flash-attn takes it as
 an argument; torch's flash backward reads ``torch.use_deterministic_algorithms`` (the run
@@ -158,77 +158,37 @@ def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
                                   deterministic=deterministic)
 
 
-PAD_SLACK = 1.125
-"""Rows of similar length share one SDPA call, right-padded to the longest, while the
-call's padded positions stay within this factor of its real ones (1/8 padding)."""
-
-
-PAD_SLACK = 1.125
-"""Rows of similar length share one SDPA call, right-padded to the longest, while the
-call's positions stay within this factor of its real tokens (at most 1/9 padding)."""
-
-
 def _torch_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    bounds: Sequence[int]) -> torch.Tensor:
-    """Causal SDPA within each row, rows of similar length batched into one call.
+    """Causal SDPA within each row, the rows of equal length stacked into one call.
 
     On CPU a pack of many short rows (GRPO: 128 completions of ~100 tokens) spends its
     time in per-call overhead, and slicing each row out of q, k, v costs a full-size
-    zero-and-add per slice in backward (quadratic in the rows). So the rows are grouped
-    by :func:`length_buckets`, ONE gather per tensor lays every bucket out as
-    [n, H, L_max, D] (each row right-padded with copies of its last token), each bucket
-    is one SDPA call, and ONE gather puts the real positions back in pack order. Exact:
-    under the causal mask a real query attends only to earlier positions of its own row,
-    never to the padding, and the padded outputs are dropped (so the padding copies get
-    exactly zero gradient)."""
+    zero-and-add per slice in backward (quadratic in the rows). So the rows are cut with
+    one ``split``, rows of one length (:func:`length_buckets`) are stacked into
+    [n, H, L, D] for one SDPA call, and the outputs are unbound and concatenated back in
+    pack order: every backward is one cat or one split, and autograd saves the same
+    bytes as one call per row (no padding, no index tensors)."""
     lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
-    buckets = length_buckets(lengths)
-    if not buckets:
-        return torch.zeros_like(q)
-    if len(buckets) == 1 and len(buckets[0]) == 1:  # one row: attend in place
-        start, length = bounds[buckets[0][0]], lengths[buckets[0][0]]
-        row = [t.narrow(0, start, length).transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
-        return causal_attention(*row).squeeze(0).transpose(0, 1)
-    widths = [max(lengths[i] for i in bucket) for bucket in buckets]
-    gather, base, offset = [], [0] * len(lengths), 0
-    for bucket, width in zip(buckets, widths, strict=True):
-        steps = torch.arange(width)
-        last = torch.tensor([lengths[i] - 1 for i in bucket])
-        starts = torch.tensor([bounds[i] for i in bucket])
-        gather.append((starts[:, None] + torch.minimum(steps, last[:, None])).reshape(-1))
-        for r, i in enumerate(bucket):  # where row i's first token sits in the output
-            base[i] = offset + r * width
-        offset += len(bucket) * width
-    index = torch.cat(gather).to(q.device)
-    laid_out = [t.index_select(0, index) for t in (q, k, v)]
-    outs = []
-    for chunks in zip(*(t.split([len(b) * w for b, w in zip(buckets, widths, strict=True)])
-                        for t in laid_out), strict=True):
-        n = chunks[0].shape[0] // widths[len(outs)]
-        rows = [c.view(n, -1, *c.shape[1:]).transpose(1, 2) for c in chunks]
-        outs.append(causal_attention(*rows).transpose(1, 2).reshape(-1, *q.shape[1:]))
-    lengths_t = torch.tensor(lengths)
-    shift = torch.tensor(base) - torch.tensor(bounds[:-1])
-    back = torch.arange(bounds[-1]) + torch.repeat_interleave(shift, lengths_t,
-                                                              output_size=bounds[-1])
-    return torch.cat(outs).index_select(0, back.to(q.device))
+    rows = [t.split(lengths) for t in (q, k, v)]
+    outs: list[torch.Tensor | None] = [None] * len(lengths)
+    for bucket in length_buckets(lengths):
+        stacked = [torch.stack([r[i] for i in bucket]).transpose(1, 2) for r in rows]
+        attended = causal_attention(*stacked).transpose(1, 2).unbind(0)
+        for i, out in zip(bucket, attended, strict=True):
+            outs[i] = out
+    kept = [out for out in outs if out is not None]
+    return torch.cat(kept) if kept else torch.zeros_like(q)
 
 
-def length_buckets(lengths: Sequence[int], slack: float = PAD_SLACK) -> list[list[int]]:
-    """Row indices grouped for one attention call each: longest first, a bucket taking
-    the next row while ``rows × longest <= slack × real tokens``. Empty rows are left
-    out (they have no output)."""
-    by_length = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: -lengths[i])
-    buckets: list[list[int]] = []
-    tokens = longest = 0
-    for i in by_length:
-        if buckets and (len(buckets[-1]) + 1) * longest <= slack * (tokens + lengths[i]):
-            buckets[-1].append(i)
-            tokens += lengths[i]
-        else:
-            buckets.append([i])
-            tokens = longest = lengths[i]
-    return buckets
+def length_buckets(lengths: Sequence[int]) -> list[list[int]]:
+    """Row indices grouped by length, one attention call each, in order of first
+    appearance. Empty rows are left out (they have no output)."""
+    by_length: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        if n > 0:
+            by_length.setdefault(n, []).append(i)
+    return list(by_length.values())
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
