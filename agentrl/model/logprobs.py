@@ -71,7 +71,7 @@ def entropy_from_scaled(z_nv: Tensor, lse_n: Tensor) -> Tensor:
 
 def chunked_target_logprobs(
     hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk: int,
-    with_entropy: bool = True, positions: Tensor | None = None,
+    with_entropy: bool = True, positions: Tensor | None = None, picked: bool = False,
 ) -> TokenScores:
     """Log-prob and entropy of each target from final hidden states, ``chunk`` tokens at
     a time: hidden [..., H], weight (the LM head) [V, H], targets [...] → TokenScores of
@@ -82,12 +82,16 @@ def chunked_target_logprobs(
     get the head (forward and backward); the others read 0 and pass no gradient. In
     agentic rows most tokens are prompts and tool output, which the loss never reads.
     Give them from the host (``MicroBatch.head_positions``): finding them on a GPU
-    would wait for the queued forward.
+    would wait for the queued forward. ``picked``: ``hidden`` already holds only the
+    positions' rows, [M, H] (the model's last layer computed no others).
     """
     if chunk < 1:
         raise ValueError(f"log-prob chunk is {chunk} tokens; train.logprob_chunk_tokens must "
                          "be >= 1")
-    if targets.shape != hidden.shape[:-1]:
+    if picked and (positions is None or hidden.shape[:-1] != positions.shape):
+        raise ValueError(f"picked hidden states have shape {tuple(hidden.shape)}; expected "
+                         "one row per position, [M, H]")
+    if not picked and targets.shape != hidden.shape[:-1]:
         raise ValueError(f"targets have shape {tuple(targets.shape)}; expected "
                          f"{tuple(hidden.shape[:-1])}, one target per position")
     if positions is not None and positions.dim() != 1:
@@ -97,7 +101,7 @@ def chunked_target_logprobs(
     index = None if positions is None else positions.to(hidden.device, non_blocking=True)
     logprobs, entropy = _ChunkedHead.apply(
         flat_hidden, weight, targets.reshape(-1), temperature, chunk, tuple(targets.shape),
-        with_entropy, index,
+        with_entropy, index, picked,
     )
     return TokenScores(logprobs, entropy if with_entropy else None)
 
@@ -106,7 +110,8 @@ class _ChunkedHead(torch.autograd.Function):
     """hidden [N, H], weight [V, H], targets [N] → (log-probs, entropy), each [N] laid out
     in ``shape`` (the targets' own shape: returned as fresh tensors, never views, which
     FSDP2 wants of a module's outputs). With ``index`` (positions [M]) only those rows are
-    computed; the others are 0 and get a zero gradient.
+    computed; the others are 0 and get a zero gradient. ``picked``: hidden holds only
+    those rows already, [M, H] (and so does its gradient).
 
     Saved for backward: the computed rows' hidden states, weight (a parameter), targets
     and logsumexp [M] float32. Backward recomputes each chunk's logits:
@@ -117,14 +122,17 @@ class _ChunkedHead(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
         chunk: int, shape: tuple[int, ...], with_entropy: bool, index: Tensor | None,
+        picked: bool,
     ) -> tuple[Tensor, Tensor]:
         make = hidden.new_empty if index is None else hidden.new_zeros
         logprobs_out = make(shape, dtype=torch.float32)
         entropy_out = make(shape, dtype=torch.float32) if with_entropy else \
             logprobs_out.new_empty(0)
-        ctx.num_rows = hidden.shape[0]
+        ctx.num_rows = None if picked else hidden.shape[0]  # None: grad stays [M, H]
         if index is not None:  # the rows to compute, packed; scattered back at the end
-            hidden, targets = hidden.index_select(0, index), targets.index_select(0, index)
+            targets = targets.index_select(0, index)
+            if not picked:
+                hidden = hidden.index_select(0, index)
         n = hidden.shape[0]
         logprobs = logprobs_out.view(-1) if index is None else logprobs_out.new_empty(n)
         entropy = entropy_out.view(-1) if index is None or not with_entropy else \
@@ -151,7 +159,7 @@ class _ChunkedHead(torch.autograd.Function):
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, grad_logprobs: Tensor, _grad_entropy: Tensor | None
-    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None, None, None]:
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None, None, None, None]:
         hidden, weight, targets, lse, index = ctx.saved_tensors
         grad_logprobs = grad_logprobs.reshape(-1)
         if index is not None:
@@ -176,10 +184,10 @@ class _ChunkedHead(torch.autograd.Function):
             grad_weight = grad_weight.to(weight.dtype)
         elif ctx.needs_input_grad[1]:  # no row needed: still a gradient, as on every rank
             grad_weight = torch.zeros_like(weight)
-        if grad_hidden is not None and index is not None:
+        if grad_hidden is not None and index is not None and ctx.num_rows is not None:
             grad_hidden = grad_hidden.new_zeros(ctx.num_rows, grad_hidden.shape[1]).index_copy_(
                 0, index, grad_hidden)
-        return grad_hidden, grad_weight, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None
 
 
 def _accumulate(total: Tensor | None, a: Tensor, b: Tensor) -> Tensor:

@@ -69,12 +69,17 @@ class _Context:
         bounds: list[int] | None = None,
         deterministic: bool = False,
         valid: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
+        keep_layer: int = -1,
     ) -> None:
         self.cos, self.sin = cos, sin
         self.cu_seqlens, self.max_seqlen, self.bounds = cu_seqlens, max_seqlen, bounds
         self.deterministic = deterministic
         self.cache, self.slots, self.positions, self.mask = cache, slots, positions, mask
         self.span, self.valid = span, valid
+        self.keep, self.keep_layer = keep, keep_layer
+        """``keep`` (flat indices into [B, T]): the only positions whose output layer
+        ``keep_layer`` (the last) computes past its attention, [M, H] out."""
 
 
 class Attention(nn.Module):
@@ -94,7 +99,10 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, args.rms_norm_eps)
             self.k_norm = RMSNorm(d, args.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: _Context,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, T, H] out; with ``keep`` (flat positions [M]) only those rows, [M, H]:
+        every position still gives its keys and values, only the kept ones go on."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
@@ -112,6 +120,8 @@ class Attention(nn.Module):
         else:
             out = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
             out = out.transpose(1, 2)
+        if keep is not None:
+            return self.o_proj(out.reshape(b * t, -1).index_select(0, keep))
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
 
     def _cached(
@@ -161,7 +171,14 @@ class DecoderLayer(nn.Module):
         return self._block(x, ctx)
 
     def _block(self, x: torch.Tensor, ctx: _Context, *_saved: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), ctx)
+        # the last layer of a training forward goes on only at the positions the head
+        # reads (the generated tokens): o_proj, the residual and the MLP act per
+        # position, so the other positions' outputs would be computed and thrown away
+        keep = ctx.keep if ctx.keep_layer == self.self_attn.layer else None
+        attended = self.self_attn(self.input_layernorm(x), ctx, keep)
+        if keep is not None:
+            x = x.reshape(-1, x.shape[-1]).index_select(0, keep)
+        x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -191,10 +208,14 @@ class LMHead(nn.Linear):
         temperature: float = 1.0, with_entropy: bool = True,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor | TokenScores:
+        """Logits, or TokenScores of ``targets`` [B, T]; with ``positions`` (flat [M])
+        ``hidden`` holds only those positions' rows, [M, H] (the decoder's last layer
+        computed no others)."""
         if targets is None:
             return F.linear(hidden, self.weight).float()
         return chunked_target_logprobs(hidden, self.weight, targets, temperature,
-                                       self.chunk_tokens, with_entropy, positions)
+                                       self.chunk_tokens, with_entropy, positions,
+                                       picked=positions is not None)
 
 
 class CausalLM(nn.Module):
@@ -271,15 +292,22 @@ class CausalLM(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
         cos, sin = self._rope(position_ids.to(input_ids.device))
+        if targets is not None and targets.shape != input_ids.shape:
+            raise ValueError(f"targets have shape {tuple(targets.shape)}; expected "
+                             f"{tuple(input_ids.shape)} like input_ids")
+        keep = None
+        if targets is not None and positions is not None:
+            if positions.dim() != 1:
+                raise ValueError(f"positions have shape {tuple(positions.shape)}; expected "
+                                 "one flat index per needed target, [M]")
+            keep = positions.to(input_ids.device, non_blocking=True)
         ctx = _Context(cos, sin, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                       bounds=host_bounds, deterministic=self.deterministic_attention)
+                       bounds=host_bounds, deterministic=self.deterministic_attention,
+                       keep=keep, keep_layer=self.config.num_hidden_layers - 1)
         hidden = self._hidden(input_ids, ctx)
         if targets is None:
             return self.lm_head(hidden)
-        if targets.shape != input_ids.shape:
-            raise ValueError(f"targets have shape {tuple(targets.shape)}; expected "
-                             f"{tuple(input_ids.shape)} like input_ids")
-        return self.lm_head(hidden, targets, temperature, with_entropy, positions)
+        return self.lm_head(hidden, targets, temperature, with_entropy, keep)
 
     def new_kv_cache(self, num_slots: int, max_len: int, capacity: int | None = None
                      ) -> KVCache:
@@ -348,7 +376,8 @@ class CausalLM(nn.Module):
         return rope_cos_sin(position_ids, self.inv_freq, self.rope_attention_factor, self.dtype)
 
     def _hidden(self, input_ids: torch.Tensor, ctx: _Context) -> torch.Tensor:
-        """Final-norm hidden states [B, T, H]: what the LM head reads."""
+        """Final-norm hidden states [B, T, H], or [M, H] at ``ctx.keep``: what the LM
+        head reads."""
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             x = layer(x, ctx)

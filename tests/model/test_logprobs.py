@@ -176,15 +176,16 @@ def test_scoring_passes_skip_the_entropy_and_get_the_same_logprobs():
     torch.testing.assert_close(uniform.entropy, torch.full((3,), math.log(VOCAB)))
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("chunk", [1, 5, 1000])
-def test_the_head_runs_only_where_scores_are_needed(tied, chunk):
+def test_the_head_runs_only_where_scores_are_needed(tied, chunk, checkpointing):
     """With ``positions`` (the generated tokens) the needed positions get the same log-probs
     and entropy as the full path, the rest read 0, and the gradient equals the full
     path's with the unneeded positions weighted 0; none needed still gives every
     parameter a (zero) gradient, as a rank with only padding must."""
     model = _model(tied)
-    model.configure_memory(activation_checkpointing=False, logprob_chunk_tokens=chunk)
+    model.configure_memory(activation_checkpointing=checkpointing, logprob_chunk_tokens=chunk)
     ids, targets, weights = _batch(seed=1)
     needed = torch.rand(1, TOTAL, generator=torch.Generator().manual_seed(2)) < 0.3
     assert 0 < int(needed.sum()) < TOTAL
@@ -207,3 +208,19 @@ def test_the_head_runs_only_where_scores_are_needed(tied, chunk):
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
     with pytest.raises(ValueError, match="positions have shape"):
         model(ids, cu_seqlens=CU_SEQLENS, targets=targets, positions=needed)
+
+
+def test_the_last_layer_goes_past_attention_only_at_the_needed_positions():
+    """With ``positions`` the last decoder layer's MLP sees only those rows (the head
+    reads nothing else); the layers before it, whose outputs every later position's
+    attention reads, see all of them."""
+    model = _model(tied=True)
+    ids, targets, _ = _batch(seed=1)
+    positions = torch.tensor([3, 4, 5, 20, 40])
+    seen = []
+    hooks = [layer.mlp.register_forward_hook(lambda _m, args, _o: seen.append(args[0].shape))
+             for layer in model.model.layers]
+    model(ids, cu_seqlens=CU_SEQLENS, targets=targets, positions=positions)
+    for hook in hooks:
+        hook.remove()
+    assert seen == [torch.Size([1, TOTAL, 32]), torch.Size([5, 32])]

@@ -1,0 +1,141 @@
+"""The training phase of one GRPO step on CPU, this checkout against a baseline checkout.
+
+The work of ``time/train`` at the TRL peer's shape (bench/peers/trl_grpo.py): 16 groups ×
+8 samples = 128 rows, each a 64-token prompt shared by its group and 10..40 generated
+tokens, one optimizer update (pack, collate, forward/backward with the token-level loss,
+gradient clipping, AdamW). ``small`` is the quickstart warm start (2 layers, hidden 128);
+``large`` an 8-layer, 512-hidden decoder of the same vocabulary. Each checkout runs in its
+own process (agentrl imported from that checkout's folder), the two alternating, so both
+see the same machine load; it prints the median seconds per update of each (wall clock
+and CPU time: the machine is shared), the speed-up, and how far the two updates' loss and
+gradient norm differ (the algorithm must not change).
+
+    python bench/train_step.py --baseline /path/to/main/checkout [--shapes small large]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NUM_GROUPS, GROUP_SIZE, PROMPT_TOKENS = 16, 8, 64
+LARGE = {"vocab_size": 1024, "hidden_size": 512, "intermediate_size": 1536,
+         "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
+         "head_dim": 64}
+
+
+def worker(shape: str, steps: int, threads: int) -> None:
+    """Time ``steps`` updates (after one warm-up) and print one JSON line (run in a child
+    whose PYTHONPATH names the checkout to measure)."""
+    import numpy as np
+    import torch
+
+    import agentrl
+    from agentrl.config import LossConfig, OptimConfig
+    from agentrl.model import ModelArgs, load_pretrained
+    from agentrl.model.tiny import init_model
+    from agentrl.packing import collate, pack
+    from agentrl.parallel.fsdp import clip_grad_norm
+    from agentrl.train.optimizer import build_optimizer
+    from agentrl.train.update import forward_backward
+    from agentrl.types import Row
+
+    torch.set_num_threads(threads)
+    if shape == "small":
+        model = load_pretrained(ROOT / "assets" / "quickstart-sft", attention="torch")
+    else:
+        model = init_model(ModelArgs(**LARGE), seed=0)
+    vocab = model.config.vocab_size
+    rng = np.random.default_rng(0)
+    rows, advantages = [], []
+    for g in range(NUM_GROUPS):
+        prompt = rng.integers(0, vocab, PROMPT_TOKENS).tolist()
+        for s in range(GROUP_SIZE):
+            generated = int(rng.integers(10, 41))
+            mask = [0] * PROMPT_TOKENS + [1] * generated
+            rows.append(Row(rollout_id=f"{g}-{s}", group_id=str(g), env="e", segment=0,
+                            token_ids=prompt + rng.integers(0, vocab, generated).tolist(),
+                            loss_mask=mask, logprobs=[-7.0 * m for m in mask], reward=0.0))
+            advantages.append(float(rng.normal()))
+    optimizer = build_optimizer(model, OptimConfig(lr=3e-4))
+
+    def update() -> tuple[float, float]:
+        mbs = [collate(rows, advantages, g, 0)
+               for g in pack([len(r.token_ids) for r in rows], 8192)]
+        optimizer.zero_grad(set_to_none=True)
+        stats = forward_backward(model, mbs, LossConfig(), old_is_current=True)
+        norm = clip_grad_norm(model, 1.0)
+        optimizer.step()
+        return stats.loss, norm
+
+    first = update()  # warm-up; its figures are the same weights' in both checkouts
+    wall, cpu = [], []
+    for _ in range(steps):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        update()
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    print(json.dumps({"wall": wall, "cpu": cpu, "loss": first[0], "grad_norm": first[1],
+                      "agentrl": str(Path(agentrl.__file__).parents[1])}))
+
+
+def measure(tree: Path, shape: str, steps: int, threads: int) -> dict:
+    """One worker process on ``tree``'s agentrl."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run([sys.executable, __file__, "--worker", shape, "--steps", str(steps),
+                           "--threads", str(threads)], env=env, check=True,
+                          capture_output=True, text=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if Path(result["agentrl"]).resolve() != tree.resolve():
+        raise RuntimeError(f"the worker imported agentrl from {result['agentrl']}, not {tree}")
+    return result
+
+
+def main() -> None:
+    """Alternate baseline and this checkout, ``--rounds`` processes each, per shape."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", type=Path, help="checkout to compare against")
+    parser.add_argument("--shapes", nargs="+", default=["small"], choices=["small", "large"])
+    parser.add_argument("--rounds", type=int, default=3, help="processes per checkout")
+    parser.add_argument("--steps", type=int, default=4, help="timed updates per process")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--worker", choices=["small", "large"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.steps, args.threads)
+        return
+    trees = {"this": ROOT} if args.baseline is None else {"baseline": args.baseline,
+                                                          "this": ROOT}
+    print(f"load before: {os.getloadavg()[0]:.2f}; {NUM_GROUPS} groups x {GROUP_SIZE} rows "
+          f"({PROMPT_TOKENS} prompt + 10..40 generated tokens), {args.threads} thread(s), "
+          f"{args.rounds} x {args.steps} updates per checkout")
+    for shape in args.shapes:
+        runs: dict[str, list[dict]] = {name: [] for name in trees}
+        for _ in range(args.rounds):
+            for name, tree in trees.items():
+                runs[name].append(measure(tree, shape, args.steps, args.threads))
+        medians = {}
+        for name, results in runs.items():
+            wall = statistics.median(t for r in results for t in r["wall"])
+            cpu = statistics.median(t for r in results for t in r["cpu"])
+            medians[name] = (wall, cpu)
+            print(f"  {shape:<5} {name:<8}: {wall:.3f} s/update wall, {cpu:.3f} s CPU "
+                  f"(loss {results[0]['loss']:.6f}, grad norm {results[0]['grad_norm']:.6f})")
+        if "baseline" in runs:
+            base, this = runs["baseline"][0], runs["this"][0]
+            print(f"  {shape:<5} speed-up: {medians['baseline'][0] / medians['this'][0]:.2f}x "
+                  f"wall, {medians['baseline'][1] / medians['this'][1]:.2f}x CPU; "
+                  f"|d loss| {abs(base['loss'] - this['loss']):.1e}, |d grad norm| "
+                  f"{abs(base['grad_norm'] - this['grad_norm']):.1e}")
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
