@@ -121,7 +121,7 @@ def test_train_refuses_before_the_first_step(tmp_path, capsys):
     path = tmp_path / "c.toml"
     path.write_text('[[environments]]\nid = "agentrl/Calculator-v0"\n'
                     "[batch]\nrollout_batch_size = 1\nglobal_batch_size = 4\n"
-                    '[compaction]\nstrategy = "drop_oldest"\nmax_context_tokens = 100\n'
+                    '[compaction]\nstrategy = "drop_oldest"\nmax_context_tokens = 60\n'
                     '[model]\npath = "assets/quickstart-sft"\n[log]\nlive = false\n')
     assert main(["train", str(path), "--out", str(tmp_path / "run")]) == 2
     assert "error: environment 'Calculator-v0'" in capsys.readouterr().err

@@ -112,8 +112,8 @@ def test_built_in_engine_share_by_hand():
     args = KNOWN_SHAPES["Qwen2.5-1.5B"]
     plan = plan_memory(config, args, 24)
     # model.dtype "auto" plans for a GPU: bf16, 2 bytes per value
-    # 128 slots × (340 + 40 + 1) tokens × 28 layers × K,V × 2 kv heads × 128 × 2 bytes
-    kv = 128 * 381 * 28 * 2 * 2 * 128 * 2
+    # 128 slots × (200 + 40 + 1) tokens × 28 layers × K,V × 2 kv heads × 128 × 2 bytes
+    kv = 128 * 241 * 28 * 2 * 2 * 128 * 2
     assert plan.engine_bytes == kv + 2 * 1_543_714_304
     # the KV cache is freed while training (colocated): the peak holds the larger phase
     kv_term = next(t for t in plan.terms if t.name == "engine KV cache")
