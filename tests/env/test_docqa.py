@@ -24,7 +24,7 @@ def fitted_tokenizer():
     """A tokenizer fitted to DocQA's text the way ``agentrl sft`` fits a new tiny model's
     (on fewer episodes): the token counts the config's budgets are set for."""
     config = load_config(DOCQA_CONFIG)
-    corpus = tokenizer_corpus(config, num_rollouts=20, chat_template="compact")
+    corpus = tokenizer_corpus(config, num_rollouts=8, chat_template="compact")
     return tiny_tokenizer(0, 1024, corpus, 4096, "compact")
 
 
