@@ -10,8 +10,10 @@ context of its own; without (``environments.0.kwargs = {delegate = false}``) it 
 through the documents itself, under the same ``rollout.max_turns``, token budgets and
 context window. Steps:
 
-1. the warm start, unless ``--warm-start DIR`` names one: ``agentrl sft
-   configs/docqa_warmstart.toml`` (demonstrations of both variants, one tiny model);
+1. the warm start, unless ``--warm-start DIR`` names one (``assets/docqa-sft`` is the
+   shipped one): ``agentrl sft configs/docqa_warmstart.toml`` twice, copy pretraining of a
+   new tiny model, then demonstrations of both variants (the recipe in the config's
+   header);
 2. ``agentrl train configs/docqa.toml`` from it, validating on 64 held-out tasks every
    ``--eval-every`` steps (greedy), then the same run without subagents;
 3. the held-out accuracy of both runs per validation, the gain of each over its start,
@@ -35,9 +37,12 @@ from agentrl.cli import main
 from agentrl.observe.writers import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
-WARM_START = ["--num-steps", "150", "--rows-per-step", "16", "--num-demonstrations", "400",
-              "--hidden-size", "64"]
-"""The warm start's settings (the command in configs/docqa_warmstart.toml)."""
+COPY_BASE = ["--chat-template", "compact", "--copy-steps", "2500", "--num-steps", "0",
+             "--num-demonstrations", "40"]
+"""The warm start's first command: a new tiny model, its tokenizer, copy pretraining."""
+WARM_START = ["--num-steps", "160", "--num-demonstrations", "600", "--lr", "2e-3",
+              "--lr-schedule", "cosine", "--warmup-steps", "20"]
+"""Its second: the demonstrations, from the first's model (configs/docqa_warmstart.toml)."""
 VARIANTS = {
     "subagents": [],
     "alone": ["environments.0.kwargs={delegate=false}"],
@@ -51,11 +56,13 @@ def load() -> str:
 
 
 def warm_start(out: Path) -> Path:
-    """Run ``agentrl sft`` on both variants' demonstrations; the model folder."""
-    folder = out / "sft"
+    """Run ``agentrl sft`` twice (copy pretraining, then both variants' demonstrations);
+    the model folder."""
+    base, folder = out / "copy", out / "sft"
+    config = str(ROOT / "configs/docqa_warmstart.toml")
     start = time.perf_counter()
-    assert main(["sft", str(ROOT / "configs/docqa_warmstart.toml"), "--out", str(folder),
-                 *WARM_START]) == 0
+    assert main(["sft", config, "--out", str(base), *COPY_BASE]) == 0
+    assert main(["sft", config, "--base", str(base), "--out", str(folder), *WARM_START]) == 0
     print(f"warm start: {time.perf_counter() - start:.0f} s (load {load()})", flush=True)
     return folder
 

@@ -1,17 +1,19 @@
 """DocQA: a question over several documents, each longer than the context window.
 
-A person's code (four digits) is written on one page of one of ``num_docs`` documents;
+A person's code (four different digits) is written on one page of one of ``num_docs`` documents;
 every document has ``pages_per_doc`` pages of ``page_words`` filler words, and
 ``num_distractors`` other pages name other people's codes. The question names the person;
-the answer is ``<answer>CODE</answer>``. The defaults (two documents of two pages of 360
-words, about 750 tokens each) make every document longer than the 700-token context of
-``configs/docqa.toml``.
+the answer is ``<answer>CODE</answer>``. With the defaults (two documents of two pages of
+60 words, about 85 tokens a page in the warm start's tokens) a reader's task (~100 tokens)
+and its whole document do not fit the 240-token context of ``configs/docqa.toml``; the
+task and one page do. Pages are short on purpose: a tiny model's copy of the code from
+the page (see below) failed when the page put it 100-190 tokens before the answer.
 
 With ``delegate=True`` (the default) the main thread has one tool, the subagent
 ``search_document(doc)``: a reader with a fresh context (its task, built from the call's
 ``doc`` and the question's person: "Find the code of kay in document 1") pages through
 that one document with ``read_page(page)`` (a tool that reads the document its thread was
-given: ``AgentEnv.thread_arguments``) and answers the code, or ``none``. The natural
+given: ``AgentEnv.thread_arguments``) and answers ``found #CODE``, or ``none``. The natural
 solution calls it once per document in one turn (the calls run concurrently) and answers
 with the code one of them found: two main turns, however long the documents. With
 ``delegate=False`` the main thread has ``read(doc, page)`` itself and must page through
@@ -21,7 +23,13 @@ without subagents.
 
 :func:`scripted_action` plays either way from what the model sees after compaction (the
 task and the newest tool messages); it is the ``demonstrate`` hook for ``agentrl sft`` and
-``agentrl check-env``.
+``agentrl check-env``. Its answers are labelled, as Ledger's are: a page writes ``the code
+of kay is #1234``, a reader replies ``found #1234`` and the main thread answers
+``<answer>found #1234</answer>`` (graded on the number), so every digit of an answer
+follows the same `` #`` token as on the page or in the reader's reply, the one place it
+occurs in the context, and its four digits differ (:func:`distinct_digits_code`). A tiny
+model copies after a repeated label; the earlier warm start (unlabelled answers, no copy
+pretraining) solved no held-out task.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ MAIN_SYSTEM = ("Find the person's code in the documents. Call search_document on
 MAIN_SYSTEM_ALONE = ("Find the person's code in the documents. Read them with read, page "
                      "by page, then reply <answer>code</answer>.")
 READER_SYSTEM = ("Read your document with read_page, page by page. If a page gives the "
-                 "code of the person asked for, reply with that code only. After the last "
+                 "code of the person asked for, reply found and the code. After the last "
                  "page without it, reply none.")
 NAMES = ("ada", "bo", "cy", "dee", "eli", "fay", "gus", "hal", "ivy", "jo", "kay", "lu")
 FILLER = ("river", "stone", "paper", "lamp", "green", "north", "quiet", "table", "cloud",
@@ -49,6 +57,20 @@ _DOCS = re.compile(r"documents 0 to (\d+)")
 _ASKED = re.compile(r"code of (\w+) in document (\d+)")
 _QUESTION = re.compile(r"What is the code of (\w+)\?")
 _PAGE = re.compile(r"document (\d+) page (\d+) of (\d+)")
+FOUND = "found"
+"""The label of a found code: a reader replies ``found #1234``, the main thread answers
+``<answer>found #1234</answer>`` (the page writes ``the code of kay is #1234``)."""
+_FOUND = re.compile(rf"{FOUND} #\d+")
+
+
+def distinct_digits_code(rng: np.random.Generator) -> int:
+    """Four different digits, the first not 0: a tiny model copies a code digit by digit
+    (attend to the digit after the one just written), which a repeated digit makes
+    ambiguous (4415: after the first 4, a 4 or a 1?). Warm starts on codes with repeats
+    answered 4488 for 4415."""
+    first = int(rng.integers(1, 10))
+    rest = rng.choice([d for d in range(10) if d != first], 3, replace=False)
+    return int("".join(map(str, [first, *rest])))
 
 
 def scripted_action(messages: list[Message]) -> str:
@@ -60,7 +82,7 @@ def scripted_action(messages: list[Message]) -> str:
     if system == MAIN_SYSTEM:
         if messages[-1].role != "tool":
             return "".join(format_call("search_document", doc=doc) for doc in range(num_docs))
-        found = [m.content for m in messages if m.role == "tool" and m.content.isdigit()]
+        found = [m.content for m in messages if m.role == "tool" and _FOUND.fullmatch(m.content)]
         return f"<answer>{found[-1] if found else 0}</answer>"
     return _read_next(messages, name, last_doc=num_docs - 1, answer="<answer>{}</answer>")
 
@@ -80,8 +102,8 @@ def _read_next(messages: list[Message], name: str, last_doc: int, answer: str,
     last = messages[-1]
     if last.role != "tool" or not (where := _PAGE.search(last.content)):
         return call(0, 0)
-    if found := re.search(rf"code of {name} is (\d+)", last.content):
-        return answer.format(found.group(1))
+    if found := re.search(rf"code of {name} is #(\d+)", last.content):
+        return answer.format(f"{FOUND} #{found.group(1)}")
     doc, page, pages = (int(g) for g in where.groups())
     if page + 1 < pages:
         return call(doc, page + 1)
@@ -101,7 +123,7 @@ class DocQAEnv(AgentEnv):
 
     max_turns = 6
 
-    def __init__(self, num_docs: int = 2, pages_per_doc: int = 2, page_words: int = 360,
+    def __init__(self, num_docs: int = 2, pages_per_doc: int = 2, page_words: int = 60,
                  num_distractors: int = 0, delegate: bool = True, **kwargs):
         super().__init__(**kwargs)
         if num_docs < 1 or pages_per_doc < 1 or page_words < 0 or num_distractors < 0:
@@ -154,9 +176,9 @@ class DocQAEnv(AgentEnv):
     def sample_task(self, rng: np.random.Generator) -> Task:
         """Documents of filler pages; the person's code on one page, distractors on others."""
         people = [str(n) for n in rng.choice(NAMES, self.num_distractors + 1, replace=False)]
-        code = int(rng.integers(1000, 10_000))
+        code = distinct_digits_code(rng)
         slots = rng.choice(self.num_docs * self.pages_per_doc, len(people), replace=False)
-        facts = {int(s): (p, code if i == 0 else int(rng.integers(1000, 10_000)))
+        facts = {int(s): (p, code if i == 0 else distinct_digits_code(rng))
                  for i, (s, p) in enumerate(zip(slots, people, strict=True))}
         docs = [[self._page(rng, d, p, facts.get(d * self.pages_per_doc + p))
                  for p in range(self.pages_per_doc)] for d in range(self.num_docs)]
@@ -182,7 +204,7 @@ class DocQAEnv(AgentEnv):
               fact: tuple[str, int] | None) -> str:
         words = [str(w) for w in rng.choice(FILLER, self.page_words)]
         if fact is not None:  # in place of filler: every page is about as long
-            sentence = f"the code of {fact[0]} is {fact[1]} .".split()
+            sentence = f"the code of {fact[0]} is #{fact[1]} .".split()
             at = int(rng.integers(0, max(len(words) - len(sentence), 0) + 1))
             words[at:at + len(sentence)] = sentence
         end = "next page follows" if page + 1 < self.pages_per_doc else "last page"

@@ -16,7 +16,9 @@ from agentrl.train.preflight import Preflight, run_checks
 from environments.docqa import READER_SYSTEM, DocQAEnv
 
 DOCQA = "configs/docqa.toml"
-TINY = ['model.path=""']  # plan with the tiny built-in tokenizer (no warm start needed)
+TINY = ['model.path=""', "compaction.max_context_tokens=1024"]
+"""Plan with the tiny built-in tokenizer (no warm start needed), whose prompts are about
+twice as long as those of the fitted tokenizer the config's context is set for."""
 
 
 def test_plan_names_the_subagents_and_a_rollouts_tokens_across_threads(capsys) -> None:

@@ -1,0 +1,86 @@
+"""DocQA: the code sits on one page of two documents, each with its reader's task longer than
+the context; readers find it (labelled answers a tiny model can copy), the main thread alone
+runs out of turns."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import msgspec
+import pytest
+
+from agentrl.config import load_config
+from agentrl.model.tiny import tiny_tokenizer
+from agentrl.rollout.demonstrations import play_demonstrations
+from agentrl.train.sft import tokenizer_corpus
+from environments.docqa import DocQAEnv
+
+DOCQA_CONFIG = "configs/docqa.toml"
+
+
+@functools.cache
+def fitted_tokenizer():
+    """A tokenizer fitted to DocQA's text the way ``agentrl sft`` fits a new tiny model's
+    (on fewer episodes): the token counts the config's budgets are set for."""
+    config = load_config(DOCQA_CONFIG)
+    corpus = tokenizer_corpus(config, num_rollouts=8, chat_template="compact")
+    return tiny_tokenizer(0, 1024, corpus, 4096, "compact")
+
+
+def test_readers_answer_a_labelled_copy_of_the_page_and_the_main_thread_copies_it():
+    config = load_config(DOCQA_CONFIG)
+    rollouts = asyncio.run(play_demonstrations(config, fitted_tokenizer(), 4, seed=0))
+    for rollout in rollouts:
+        assert rollout.reward == 1.0 and len(rollout.threads) == 2
+        found, none = sorted(t.answer for t in rollout.threads)
+        assert none == "none" and found.startswith("found #")
+        assert found.removeprefix("found #").isdigit()
+    env = DocQAEnv()
+    env.reset(seed=0)
+    code, pages = env.task.answer["code"], [p for d in env.task.answer["docs"] for p in d]
+    # the label and the digits as the page writes them: the answer's " #1234" is a copy
+    assert sum(f"is #{code} ." in page for page in pages) == 1
+
+
+@pytest.mark.parametrize("answer, correct", [
+    ("<answer>found #{code}</answer>", 1.0),
+    ("<answer>{code}</answer>", 1.0),
+    ("found #{code}", 1.0),
+    ("<answer>found #{other}</answer>", 0.0),
+    ("<answer>none</answer>", 0.0),
+])
+def test_grading_reads_the_code_with_or_without_its_label(answer, correct):
+    env = DocQAEnv()
+    env.reset(seed=3)
+    code = env.task.answer["code"]
+    grade = env.grade(answer.format(code=code, other=code + 1 if code < 9999 else 1000))
+    assert grade.reward == correct and grade.components["correct"] == correct
+
+
+def test_a_document_does_not_fit_the_shipped_context_and_one_page_does():
+    """A reader's task and whole document (played without compaction) are over
+    compaction.max_context_tokens; every compacted context a demonstration used is
+    within it (the task and one page)."""
+    config = load_config(DOCQA_CONFIG)
+    tokenizer = fitted_tokenizer()
+    budget = config.compaction.max_context_tokens
+    whole = msgspec.structs.replace(
+        config, compaction=msgspec.structs.replace(config.compaction, strategy="none"),
+        rollout=msgspec.structs.replace(config.rollout, max_subagent_tokens=4096))
+    rollouts = asyncio.run(play_demonstrations(whole, tokenizer, 8, seed=1))
+    readers = [s for r in rollouts for s in r.segments if s.thread != "main"]
+    longest = max(len(s.token_ids) for s in readers)
+    assert longest > budget  # a reader that read both pages held more than the context
+    compacted = asyncio.run(play_demonstrations(config, tokenizer, 8, seed=1))
+    assert all(s.num_prompt_tokens <= budget for r in compacted for s in r.segments)
+
+
+def test_without_subagents_the_turns_reach_only_part_of_the_collection():
+    """Under configs/docqa.toml's rollout.max_turns the main thread alone reads two of the
+    four pages: its scripted policy solves only the tasks whose code is in document 0
+    (the demonstrations keep the correct episodes only)."""
+    config = load_config(DOCQA_CONFIG, ["environments.0.kwargs={delegate=false}"])
+    rollouts = asyncio.run(play_demonstrations(config, fitted_tokenizer(), 24, seed=0))
+    assert all(not r.threads and r.reward == 1.0 for r in rollouts)
+    assert 0 < len(rollouts) < 24
