@@ -107,7 +107,17 @@ def _continuation_checks(report: Any, tag: str, before: list[dict[str, Any]],
 def comparable(record: dict[str, Any]) -> dict[str, Any]:
     """A step's metrics that do not depend on timing or the device (see ``TIMED``)."""
     return {k: v for k, v in record.items() if isinstance(v, int | float)
-            and not k.startswith(TIMED) and not k.endswith(("_s", "tokens_per_s"))}
+            and not k.startswith(TIMED) and not k.endswith(("_s", "tokens_per_s"))
+            and not _priced_time(k)}
+
+
+def _priced_time(key: str) -> bool:
+    """A cost figure made of wall-clock seconds (agentrl.observe.costs): the seconds
+    themselves, and the money figures that price them."""
+    name = key.rsplit("/cost/", 1)[-1] if "/cost/" in key else key.removeprefix("cost/")
+    return key.endswith("_seconds") or (
+        (key.startswith("cost/") or "/cost/" in key or key == "cumulative/cost")
+        and name in ("step", "per_reward_point", "cumulative/cost"))
 
 
 def metric_differences(want: dict[str, Any], got: dict[str, Any]) -> list[str]:

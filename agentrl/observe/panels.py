@@ -65,6 +65,8 @@ COST_PANELS = (
     ("engine seconds per step (share of busy time)", "cost/generation_seconds"),
     ("environment seconds per step", "cost/env_seconds"),
     ("sandbox seconds per step", "cost/sandbox_seconds"),
+    ("generated tokens per step", "cost/generated_tokens"),
+    ("prompt tokens per step (every request's context)", "cost/prompt_tokens"),
     ("cost per step (log.costs)", "cost/step"),
     ("cost per reward point (log.costs)", "cost/per_reward_point"),
 )
@@ -132,8 +134,8 @@ def agent_panels(keys: set[str]) -> list[Panel]:
 
 
 def cost_panels(keys: set[str]) -> list[Panel]:
-    """Engine, environment and sandbox seconds per step, and with a price table the
-    cost per step and per reward point: those logged."""
+    """Engine, environment and sandbox seconds and generated and prompt tokens per step,
+    and with a price table the cost per step and per reward point: those logged."""
     panels = [metric_panel(keys, title, key) for title, key in COST_PANELS]
     return [p for p in panels if p is not None]
 

@@ -18,6 +18,7 @@ AGENT_TITLES = ["compactions per rollout", "compactions forced by the budget per
                 "tool errors by kind"]
 
 COST_TITLES = ["engine seconds per step (share of busy time)", "environment seconds per step",
+               "generated tokens per step", "prompt tokens per step (every request's context)",
                "cost per step (log.costs)"]
 PRICES = {"cost/generation_seconds": 0.01, "cost/env_seconds": 0.001,
           "cost/generated_tokens": 2e-6, "cost/prompt_tokens": 0.5e-6}
@@ -130,4 +131,10 @@ def test_cost_panels_draw_what_the_price_table_made_of_each_step(sampled_run) ->
     assert [ln.get_label() for ln in cost.lines] == ["all", "longtool", "short"]
     assert cost.lines[1].get_ydata().tolist() == [r["env/longtool/cost/step"] for r in records]
     assert "all" in [ln.get_label() for ln in by_title["cost per reward point (log.costs)"].lines]
+    prompt = by_title["prompt tokens per step (every request's context)"]
+    assert prompt.lines[2].get_ydata().tolist() == [r["env/short/cost/prompt_tokens"]
+                                                    for r in records]
+    generated = by_title["generated tokens per step"]
+    assert generated.lines[0].get_ydata().tolist() == [r["cost/generated_tokens"]
+                                                       for r in records]
     plt.close(fig)
