@@ -114,10 +114,7 @@ def comparable(record: dict[str, Any]) -> dict[str, Any]:
 def _priced_time(key: str) -> bool:
     """A cost figure made of wall-clock seconds (agentrl.observe.costs): the seconds
     themselves, and the money figures that price them."""
-    name = key.rsplit("/cost/", 1)[-1] if "/cost/" in key else key.removeprefix("cost/")
-    return key.endswith("_seconds") or (
-        (key.startswith("cost/") or "/cost/" in key or key == "cumulative/cost")
-        and name in ("step", "per_reward_point", "cumulative/cost"))
+    return key.endswith(("_seconds", "cost/step", "cost/per_reward_point", "cumulative/cost"))
 
 
 def metric_differences(want: dict[str, Any], got: dict[str, Any]) -> list[str]:

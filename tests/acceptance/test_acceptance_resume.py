@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.acceptance_resume import WAIT, check_resume, metric_differences
+from bench.acceptance_resume import WAIT, check_resume, comparable, metric_differences
 from bench.gpu_acceptance import Machine, Report
 
 TIMEOUT, LATENCY = WAIT[False]
@@ -87,3 +87,12 @@ def test_metric_differences_ignore_timing_but_not_counts() -> None:
     assert metric_differences(base, {**base, "num_sampled_tokens": 1001}) == [
         "num_sampled_tokens 1000 vs 1001"]
     assert metric_differences(base, {**base, "loss/kl_loss": 0.01 + 1e-9}) == []
+
+
+def test_wall_clock_cost_figures_are_not_compared_and_token_counts_are():
+    record = {"cost/generation_seconds": 0.7, "env/a/cost/env_seconds": 64.1,
+              "env/a/cost/step": 0.3, "cost/per_reward_point": 0.1, "cumulative/cost": 2.0,
+              "cost/generated_tokens": 120, "env/a/cost/prompt_tokens": 900,
+              "reward/mean": 0.5}
+    assert comparable(record) == {"cost/generated_tokens": 120,
+                                  "env/a/cost/prompt_tokens": 900, "reward/mean": 0.5}
