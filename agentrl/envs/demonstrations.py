@@ -9,7 +9,9 @@ the policy must learn.
 Each environment of the config needs one source (checked before anything runs):
 
 - its scripted policy, the ``AgentEnv.demonstrate(messages)`` hook; or
-- trajectories from a JSONL file (``agentrl sft --demonstrations FILE``), one per line::
+- trajectories from a JSONL file (``agentrl sft --demonstrations FILE``), one per line
+  (the only source for an agent program's environment, a ``harness``: its actions are
+  the replies to the program's requests, in order, and the program runs its own tools)::
 
       {"env": "logsearch", "seed": 3, "actions": ["<tool_call>...</tool_call>", "..."]}
 
@@ -114,8 +116,14 @@ class ReplayPolicy:
 
     def __call__(self, env: Any, thread_id: str = MAIN_THREAD) -> str | None:
         """The next action of this task's trajectory in that thread; None past its end."""
-        actions = self.actions.get(task_key(env), {}).get(thread_id, [])
         turn = sum(1 for m in thread_messages(env, thread_id) if m.role == "assistant")
+        return self.action(env, thread_id, turn)
+
+    def action(self, env: Any, thread_id: str, turn: int) -> str | None:
+        """Action ``turn`` (0-based) of this task's trajectory in that thread; None past its
+        end. An agent program's requests are counted by the engine instead of read from
+        the environment's history (the program keeps the conversation)."""
+        actions = self.actions.get(task_key(env), {}).get(thread_id, [])
         return actions[turn] if turn < len(actions) else None
 
 
@@ -136,6 +144,8 @@ def demonstration_policies(config: Config, trajectories: dict[str, list[Trajecto
         if name in trajectories:
             policies[name] = ReplayPolicy(env_config, trajectories[name])
             continue
+        if env_config.harness is not None:
+            raise ConfigError(missing_harness_demonstrations_message(env_config))
         env = make(env_config.id, **env_config.kwargs)
         if not has_demonstration(env):
             raise ConfigError(missing_demonstrations_message(env_config))
@@ -154,4 +164,17 @@ def missing_demonstrations_message(env_config: EnvironmentConfig) -> str:
         "returning the next assistant message, or pass `--demonstrations FILE.jsonl` with "
         f'lines {{"env": "{name}", "seed": 0, "actions": ["...", "..."]}} '
         "(docs/writing-environments.md, section Demonstrations)"
+    )
+
+
+def missing_harness_demonstrations_message(env_config: EnvironmentConfig) -> str:
+    """The refusal for an agent program's environment without a JSONL of trajectories."""
+    name = env_config.display_name()
+    return (
+        f"environment {name!r} is an agent program (harness): its demonstrations must come "
+        f"from `--demonstrations FILE.jsonl` with lines "
+        f'{{"env": "{name}", "seed": 0, "actions": ["...", "..."]}}, the replies to the '
+        "program's requests in order; the environment's demonstrate() hook cannot play it, "
+        "because the program, not the environment, keeps the conversation (docs/harnesses.md, "
+        "section Warm start)"
     )

@@ -25,6 +25,7 @@ from agentrl.envs.demonstrations import (
 from agentrl.envs.tools import format_call
 from agentrl.rollout.compact_tool import COMPACT_TOOL
 from agentrl.rollout.compaction import SUMMARY_REQUEST
+from agentrl.rollout.harness_endpoint import session_rollout_id
 from agentrl.rollout.subagents import split_thread_key
 from agentrl.sampler import EnvironmentSampler, TaskDraw
 from agentrl.types import MAIN_THREAD, Rollout
@@ -32,6 +33,10 @@ from agentrl.types import MAIN_THREAD, Rollout
 
 class DemoEngine:
     """An ``InferenceEngine`` whose replies are the scripted policy's text (log-probs 0).
+
+    An agent program (a ``harness`` environment) plays against it through the endpoint,
+    running its own tools: its n-th request is answered with the trajectory's n-th
+    action, so the rows have exactly the layout the program's RL rollouts have.
 
     Compaction by summary is played too: a summary request (strategy ``summarize``, or
     the tool strategy's fallback) is answered with ``env.demonstrate_summary(history,
@@ -55,7 +60,10 @@ class DemoEngine:
         """Rollout id → (environment name, environment, policy): filled by the runner's
         factory as it builds each rollout's instance (``episode.CURRENT_ROLLOUT``); the
         engine's requests carry the rollout id as their key (a subagent thread's key adds
-        its thread id: ``agentrl.rollout.subagents.thread_key``)."""
+        its thread id: ``agentrl.rollout.subagents.thread_key``; an agent program's
+        requests, its session's id: ``harness_endpoint.session_rollout_id``)."""
+        self.requests: Counter[str] = Counter()
+        """Agent programs' session id → requests answered (the next action's index)."""
         self.asked_at: dict[str, int] = {}
         """Request key (a thread of a rollout) → that thread's history length when the
         tool strategy last asked to compact."""
@@ -71,16 +79,24 @@ class DemoEngine:
         A policy that fails, returns nothing, or writes more than ``max_tokens`` raises
         ValueError, which the runner turns into an invalid rollout with that reason.
         """
-        rollout_id, thread_id = split_thread_key(key or "")
+        key = key or ""
+        rollout_id, thread_id = split_thread_key(key)
+        program = rollout_id not in self.playing
+        if program:  # an agent program's request: its key is its session's id
+            rollout_id, thread_id = session_rollout_id(key), MAIN_THREAD
+        if rollout_id not in self.playing:
+            raise ValueError(f"request key {key!r} names no rollout being demonstrated")
         name, env, policy = self.playing[rollout_id]
         where = "" if thread_id == MAIN_THREAD else f" of subagent thread {thread_id}"
+        turn = (self.requests[key] if program else
+                sum(1 for m in thread_messages(env, thread_id) if m.role == "assistant"))
         try:
-            text = self._reply(key or "", thread_id, prompt_ids, env, policy)
+            text = (self._program_reply(key, env, policy) if program
+                    else self._reply(key, thread_id, prompt_ids, env, policy))
         except Exception as exc:  # a bug in a scripted policy: report it, do not crash
             raise ValueError(f"{name}: the demonstration{where} raised "
                              f"{type(exc).__name__}: {exc}") from exc
         if text is None:
-            turn = sum(1 for m in thread_messages(env, thread_id) if m.role == "assistant")
             raise ValueError(f"{name}: the demonstration gave no message for turn "
                              f"{turn + 1}{where}")
         ids = self.tokenizer.encode(text)
@@ -91,6 +107,17 @@ class DemoEngine:
                              "compaction.summary_max_tokens)")
         ids.append(self.tokenizer.eos_token_id)
         return Generation(ids, [0.0] * len(ids), "stop")
+
+    def _program_reply(self, key: str, env: Any, policy: Policy) -> str | None:
+        """The trajectory's next action for an agent program's session: its requests are
+        counted here (the program, not the environment, holds the conversation)."""
+        if not isinstance(policy, ReplayPolicy):
+            raise TypeError("an agent program is demonstrated only from --demonstrations "
+                            "trajectories (its environment's demonstrate() hook cannot see "
+                            "the program's conversation)")
+        turn = self.requests[key]
+        self.requests[key] += 1
+        return policy.action(env, MAIN_THREAD, turn)
 
     def _reply(self, key: str, thread_id: str, prompt_ids: list[int], env: Any,
                policy: Policy) -> str | None:

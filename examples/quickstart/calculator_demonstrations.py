@@ -4,7 +4,9 @@ The quickstart's warm start learns from them (``agentrl sft --demonstrations``):
 ``--tool-share`` of the episodes the demonstrator calls ``calculate`` and answers with its
 result, in the others it answers at once, from mental arithmetic. Both kinds are correct,
 so the warm start copies both habits; a tiny model cannot do the arithmetic in its head,
-and RL has something to learn: that the tool pays.
+and RL has something to learn: that the tool pays. The same trajectories warm-start the
+harness example (``--env calc_agent``, docs/harnesses.md): there they are the replies to
+the program's requests, and its own ``calculate`` tool answers the calls.
 
     python examples/quickstart/calculator_demonstrations.py --out demos.jsonl \
         --num 600 --tool-share 0.5 --kwargs '{"num_operations": 1, "max_number": 9}'
@@ -20,9 +22,11 @@ import numpy as np
 from agentrl.envs.registry import make
 
 
-def trajectories(num: int, tool_share: float, kwargs: dict, seed: int = 0) -> list[dict]:
+def trajectories(num: int, tool_share: float, kwargs: dict, seed: int = 0,
+                 env_name: str = "calculator") -> list[dict]:
     """``num`` correct trajectories of Calculator tasks (seeds 0, 1, ...): the tool-using
-    script's actions in ``tool_share`` of them, a direct answer in the rest."""
+    script's actions in ``tool_share`` of them, a direct answer in the rest; ``env_name``
+    is the environment's name in the config that trains on them."""
     if not 0.0 <= tool_share <= 1.0:
         raise ValueError(f"--tool-share is {tool_share}; it must be in [0, 1]")
     env = make("agentrl/Calculator-v0", **kwargs)
@@ -36,7 +40,7 @@ def trajectories(num: int, tool_share: float, kwargs: dict, seed: int = 0) -> li
             actions = [call, env.demonstrate(messages + observation)]
         else:
             actions = [str(env.task.answer)]
-        lines.append({"env": "calculator", "seed": task_seed, "actions": actions})
+        lines.append({"env": env_name, "seed": task_seed, "actions": actions})
     env.close()
     return lines
 
@@ -48,9 +52,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num", type=int, default=600)
     parser.add_argument("--tool-share", type=float, default=0.5)
     parser.add_argument("--kwargs", default="{}", help="Calculator-v0 kwargs as JSON")
+    parser.add_argument("--env", default="calculator",
+                        help="the environment's name in the config (each line's \"env\"); "
+                             "calc_agent for examples/harness/calc_agent.toml")
     args = parser.parse_args(argv)
     with open(args.out, "w") as out:
-        for line in trajectories(args.num, args.tool_share, json.loads(args.kwargs)):
+        for line in trajectories(args.num, args.tool_share, json.loads(args.kwargs),
+                                 env_name=args.env):
             out.write(json.dumps(line) + "\n")
 
 
