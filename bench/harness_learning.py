@@ -1,11 +1,13 @@
 """The unmodified example agent learning through the endpoint: reward by step.
 
-    python -m bench.harness_learning [--steps N] [--out DIR]
+    python -m bench.harness_learning [--steps N] [--seed S] [--out DIR]
 
 Trains examples/harness/calc_agent.py (a plain tool-calling loop on the official
 ``openai`` client, its ``calculate`` tool its own) on agentrl/Calculator-v0's tasks from
-the earlier quickstart's warm start (assets/calc-countdown-sft), deterministically
-(``train.deterministic``), 4 groups x 8 rollouts per step in 2 updates of 16, and prints
+its config's warm start (assets/calc-agent-sft: demonstrations of a weak demonstrator,
+who calls the tool in 40% of its episodes, played through the program itself; recipe in
+the config's header), deterministically (``train.deterministic``), at the config's lr,
+4 groups x 8 rollouts per step in 2 updates of 16, and prints
 the training reward of every step, the mean of the first and last quarter of the steps,
 the wall time and the machine's load (``os.getloadavg``) before and after.
 ``tests/harness/test_train_harness.py`` checks two smaller steps of this config (rows,
@@ -43,7 +45,8 @@ def load() -> str:
 def main_bench() -> None:
     """Train, then print the reward curve."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0, help="train.seed")
     parser.add_argument("--out", type=Path, default=None,
                         help="run folder (default: a temporary one)")
     args = parser.parse_args()
@@ -52,8 +55,8 @@ def main_bench() -> None:
     os.chdir(ROOT)  # the config names the warm start by its repository path
     print(f"load before: {load()}", flush=True)
     start = time.perf_counter()
-    overrides = [arg for s in [f"train.num_steps={args.steps}", *SETTINGS]
-                 for arg in ("--set", s)]
+    settings = [f"train.num_steps={args.steps}", f"train.seed={args.seed}", *SETTINGS]
+    overrides = [arg for s in settings for arg in ("--set", s)]
     assert main(["train", str(CONFIG), "--out", str(out), *overrides]) == 0
     seconds = time.perf_counter() - start
     steps = read_metrics(out)
