@@ -1,7 +1,7 @@
 """DocQA with and without subagents: the same warm start trained side by side.
 
     python -m bench.subagents [--warm-start DIR] [--steps N] [--eval-every K]
-                              [--out DIR] [--curve PNG]
+                              [--seeds S ...] [--set K=V] [--out DIR] [--curve PNG]
 
 DocQA (``agentrl/DocQA-v0``) asks for a person's code, written on one page of two
 documents that are each longer than the context window. With subagents
@@ -10,15 +10,18 @@ context of its own; without (``environments.0.kwargs = {delegate = false}``) it 
 through the documents itself, under the same ``rollout.max_turns``, token budgets and
 context window. Steps:
 
-1. the warm start, unless ``--warm-start DIR`` names one (``assets/docqa-sft`` is the
-   shipped one): ``agentrl sft configs/docqa_warmstart.toml`` twice, copy pretraining of a
-   new tiny model, then demonstrations of both variants (the recipe in the config's
-   header);
-2. ``agentrl train configs/docqa.toml`` from it, validating on 64 held-out tasks every
-   ``--eval-every`` steps (greedy), then the same run without subagents;
-3. the held-out accuracy of both runs per validation, the gain of each over its start,
-   the wall time of each run, the machine's load (``os.getloadavg``) before and after,
-   and the curve (``--curve``, default ``DIR/curve.png``).
+1. the warm start, unless ``--warm-start DIR`` names one (``assets/docqa-weak-sft`` is the
+   shipped one): ``agentrl sft configs/docqa_warmstart.toml`` three times, copy
+   pretraining of a new tiny model, demonstrations of both variants, then a weaker
+   demonstrator's, which searches one document on most tasks (the recipe in
+   ``configs/docqa.toml``'s header);
+2. per seed (``--seeds``), ``agentrl train configs/docqa.toml`` from it, validating on 64
+   held-out tasks every ``--eval-every`` steps (greedy), then the same run without
+   subagents (the same rollouts);
+3. the held-out accuracy of every run per validation, the gain of each over its start,
+   the wall time of each run, the machine's load (``os.getloadavg``) before and after;
+   per variant the gains of the seeds, their mean and range; and the curve (``--curve``,
+   default ``DIR/curve.png``). Results: ``docs/subagents.md``.
 
 Every torch op runs single-threaded (on a small shared machine threads only fight).
 """
