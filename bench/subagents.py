@@ -1,7 +1,7 @@
 """DocQA with and without subagents: the same warm start trained side by side.
 
     python -m bench.subagents [--warm-start DIR] [--steps N] [--eval-every K]
-                              [--out DIR] [--curve PNG]
+                              [--seeds S ...] [--set K=V] [--out DIR] [--curve PNG]
 
 DocQA (``agentrl/DocQA-v0``) asks for a person's code, written on one page of two
 documents that are each longer than the context window. With subagents
@@ -10,15 +10,18 @@ context of its own; without (``environments.0.kwargs = {delegate = false}``) it 
 through the documents itself, under the same ``rollout.max_turns``, token budgets and
 context window. Steps:
 
-1. the warm start, unless ``--warm-start DIR`` names one (``assets/docqa-sft`` is the
-   shipped one): ``agentrl sft configs/docqa_warmstart.toml`` twice, copy pretraining of a
-   new tiny model, then demonstrations of both variants (the recipe in the config's
-   header);
-2. ``agentrl train configs/docqa.toml`` from it, validating on 64 held-out tasks every
-   ``--eval-every`` steps (greedy), then the same run without subagents;
-3. the held-out accuracy of both runs per validation, the gain of each over its start,
-   the wall time of each run, the machine's load (``os.getloadavg``) before and after,
-   and the curve (``--curve``, default ``DIR/curve.png``).
+1. the warm start, unless ``--warm-start DIR`` names one (``assets/docqa-weak-sft`` is the
+   shipped one): ``agentrl sft configs/docqa_warmstart.toml`` three times, copy
+   pretraining of a new tiny model, demonstrations of both variants, then a weaker
+   demonstrator's, which searches one document on most tasks (the recipe in
+   ``configs/docqa.toml``'s header);
+2. per seed (``--seeds``), ``agentrl train configs/docqa.toml`` from it, validating on 64
+   held-out tasks every ``--eval-every`` steps (greedy), then the same run without
+   subagents (the same rollouts);
+3. the held-out accuracy of every run per validation, the gain of each over its start,
+   the wall time of each run, the machine's load (``os.getloadavg``) before and after;
+   per variant the gains of the seeds, their mean and range; and the curve (``--curve``,
+   default ``DIR/curve.png``). Results: ``docs/subagents.md``.
 
 Every torch op runs single-threaded (on a small shared machine threads only fight).
 """
@@ -42,7 +45,15 @@ COPY_BASE = ["--chat-template", "compact", "--copy-steps", "2500", "--num-steps"
 """The warm start's first command: a new tiny model, its tokenizer, copy pretraining."""
 WARM_START = ["--num-steps", "160", "--num-demonstrations", "600", "--lr", "2e-3",
               "--lr-schedule", "cosine", "--warmup-steps", "20"]
-"""Its second: the demonstrations, from the first's model (configs/docqa_warmstart.toml)."""
+"""Its second: the demonstrations, from the first's model (configs/docqa_warmstart.toml):
+``assets/docqa-sft``, which delegates every document (0.797 held-out)."""
+WEAKER = ["--num-steps", "40", "--num-demonstrations", "600", "--lr", "1e-3",
+          "--lr-schedule", "cosine", "--warmup-steps", "5",
+          "--set", "environments.0.kwargs={demo_search_share=0.25}"]
+"""Its third, from the second's model: a demonstrator that searches every document on a
+quarter of the tasks and document 0 only on the others (``DocQAEnv.demo_search_share``;
+only its correct episodes are trained on), so the warm start searches one document and
+RL has the delegation to learn: ``assets/docqa-weak-sft``."""
 VARIANTS = {
     "subagents": [],
     "alone": ["environments.0.kwargs={delegate=false}"],
@@ -56,22 +67,26 @@ def load() -> str:
 
 
 def warm_start(out: Path) -> Path:
-    """Run ``agentrl sft`` twice (copy pretraining, then both variants' demonstrations);
-    the model folder."""
-    base, folder = out / "copy", out / "sft"
+    """Run ``agentrl sft`` three times (copy pretraining, both variants' demonstrations,
+    the weaker demonstrator's); the model folder."""
+    base, folder, weaker = out / "copy", out / "sft", out / "weak-sft"
     config = str(ROOT / "configs/docqa_warmstart.toml")
     start = time.perf_counter()
     assert main(["sft", config, "--out", str(base), *COPY_BASE]) == 0
     assert main(["sft", config, "--base", str(base), "--out", str(folder), *WARM_START]) == 0
+    assert main(["sft", config, "--base", str(folder), "--out", str(weaker), *WEAKER]) == 0
     print(f"warm start: {time.perf_counter() - start:.0f} s (load {load()})", flush=True)
-    return folder
+    return weaker
 
 
-def train(name: str, model: Path, out: Path, steps: int, eval_every: int) -> dict[str, Any]:
-    """One training run; its validations and wall time."""
-    run_dir = out / name
+def train(name: str, model: Path, out: Path, steps: int, eval_every: int, seed: int = 0,
+          extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One training run (``extra``: more ``--set`` overrides); its validations and wall
+    time."""
+    run_dir = out / f"{name}-seed{seed}"
     overrides = [f'model.path="{model}"', f"train.num_steps={steps}",
-                 f"train.eval_every={eval_every}", *VARIANTS[name]]
+                 f"train.eval_every={eval_every}", f"train.seed={seed}", *extra,
+                 *VARIANTS[name]]
     before = load()
     start = time.perf_counter()
     argv = ["train", str(ROOT / "configs/docqa.toml"), "--out", str(run_dir)]
@@ -81,7 +96,7 @@ def train(name: str, model: Path, out: Path, steps: int, eval_every: int) -> dic
     evals = [(m["step"], m["eval/docqa/accuracy"]) for m in metrics
              if "eval/docqa/accuracy" in m]
     trained = [m for m in metrics if "num_rollouts" in m]
-    return {"name": name, "wall_s": wall, "evals": evals, "load": (before, load()),
+    return {"name": name, "seed": seed, "wall_s": wall, "evals": evals, "load": (before, load()),
             "active_s": trained[-1]["cumulative/active_s"],
             "tokens": trained[-1]["cumulative/tokens"],
             "share": sum(m.get("subagents/generated_token_share", 0.0) for m in trained)
@@ -94,15 +109,32 @@ def report(runs: list[dict[str, Any]]) -> None:
         steps = " ".join(f"{s:>5}" for s, _ in run["evals"])
         values = " ".join(f"{a:5.3f}" for _, a in run["evals"])
         gain = run["evals"][-1][1] - run["evals"][0][1]
-        print(f"\n{run['name']}: held-out accuracy (greedy, 64 tasks)\n  step     {steps}\n"
+        print(f"\n{run['name']} (seed {run['seed']}): held-out accuracy (greedy, 64 tasks)\n"
+              f"  step     {steps}\n"
               f"  accuracy {values}\n  gain {gain:+.3f}; wall {run['wall_s']:.0f} s "
               f"(active {run['active_s']:.0f} s); {run['tokens']} generated tokens, "
               f"{run['share']:.0%} of them by subagents; load before {run['load'][0]}, "
               f"after {run['load'][1]}")
 
 
+def summary(runs: list[dict[str, Any]]) -> None:
+    """Per variant: the gain of each seed, their mean and range, the final accuracy."""
+    print()
+    for name in VARIANTS:
+        mine = [r for r in runs if r["name"] == name]
+        if not mine:
+            continue
+        gains = [r["evals"][-1][1] - r["evals"][0][1] for r in mine]
+        finals = [r["evals"][-1][1] for r in mine]
+        walls = [r["wall_s"] for r in mine]
+        print(f"{name}: gain per seed {' '.join(f'{g:+.3f}' for g in gains)}; mean "
+              f"{sum(gains) / len(gains):+.3f} (range {min(gains):+.3f} to {max(gains):+.3f});"
+              f" final accuracy mean {sum(finals) / len(finals):.3f}; wall "
+              f"{min(walls):.0f}-{max(walls):.0f} s")
+
+
 def plot(runs: list[dict[str, Any]], path: Path) -> None:
-    """Held-out accuracy against steps, both runs."""
+    """Held-out accuracy against steps, every run (one colour per variant)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -111,9 +143,12 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     labels = {"subagents": "with subagents (delegate each document)",
               "alone": "without (main thread reads every page)"}
+    colours = {"subagents": "tab:blue", "alone": "tab:orange"}
     for run in runs:
         steps, accuracy = zip(*run["evals"], strict=True)
-        ax.plot(steps, accuracy, marker="o", label=labels[run["name"]])
+        first = run is next(r for r in runs if r["name"] == run["name"])
+        ax.plot(steps, accuracy, marker="o", color=colours[run["name"]], alpha=0.8,
+                label=f"{labels[run['name']]}, seeds" if first else None)
     ax.set_xlabel("training step (32 rollouts each)")
     ax.set_ylabel("held-out accuracy (greedy)")
     ax.set_ylim(0, 1)
@@ -131,20 +166,26 @@ def main_bench() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--warm-start", type=Path, default=None,
                         help="a model folder made by the warm start (default: make one)")
-    parser.add_argument("--steps", type=int, default=20, help="training steps per run")
-    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=16, help="training steps per run")
+    parser.add_argument("--eval-every", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path("/tmp/agentrl-bench-subagents"))
     parser.add_argument("--curve", type=Path, default=None)
     parser.add_argument("--only", choices=sorted(VARIANTS), default=None,
                         help="run one variant only")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+                        help="train.seed of each pair of runs")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a setting of configs/docqa.toml in every run")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
     print(f"load at start: {load()} ({os.cpu_count()} cores)", flush=True)
     model = args.warm_start or warm_start(args.out)
     names = [args.only] if args.only else list(VARIANTS)
-    runs = [train(name, model, args.out, args.steps, args.eval_every) for name in names]
+    runs = [train(name, model, args.out, args.steps, args.eval_every, seed, tuple(args.set))
+            for seed in args.seeds for name in names]
     report(runs)
+    summary(runs)
     plot(runs, args.curve or args.out / "curve.png")
 
 

@@ -29,12 +29,15 @@ of kay is #1234``, a reader replies ``found #1234`` and the main thread answers
 follows the same `` #`` token as on the page or in the reader's reply, the one place it
 occurs in the context, and its four digits differ (:func:`distinct_digits_code`). A tiny
 model copies after a repeated label; the earlier warm start (unlabelled answers, no copy
-pretraining) solved no held-out task.
+pretraining) solved no held-out task. ``demo_search_share`` below 1 makes it a weaker
+demonstrator, which on the other tasks searches document 0 only (right when the code is
+there): a warm start on it stops after one search, and RL learns to search both.
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from typing import Any
 
 import numpy as np
@@ -73,15 +76,18 @@ def distinct_digits_code(rng: np.random.Generator) -> int:
     return int("".join(map(str, [first, *rest])))
 
 
-def scripted_action(messages: list[Message]) -> str:
-    """The correct next message of whichever thread ``messages`` is (see module doc)."""
+def scripted_action(messages: list[Message], search_all: bool = True) -> str:
+    """The correct next message of whichever thread ``messages`` is (see module doc);
+    with ``search_all=False`` the main thread searches document 0 only (a weaker policy,
+    right only when the code is there)."""
     system = messages[0].content
     if system == READER_SYSTEM:
         return _reader_action(messages)
     name, num_docs = _question(messages)
     if system == MAIN_SYSTEM:
         if messages[-1].role != "tool":
-            return "".join(format_call("search_document", doc=doc) for doc in range(num_docs))
+            docs = range(num_docs if search_all else 1)
+            return "".join(format_call("search_document", doc=doc) for doc in docs)
         found = [m.content for m in messages if m.role == "tool" and _FOUND.fullmatch(m.content)]
         return f"<answer>{found[-1] if found else 0}</answer>"
     return _read_next(messages, name, last_doc=num_docs - 1, answer="<answer>{}</answer>")
@@ -124,8 +130,15 @@ class DocQAEnv(AgentEnv):
     max_turns = 6
 
     def __init__(self, num_docs: int = 2, pages_per_doc: int = 2, page_words: int = 60,
-                 num_distractors: int = 0, delegate: bool = True, **kwargs):
+                 num_distractors: int = 0, delegate: bool = True,
+                 demo_search_share: float = 1.0, **kwargs):
+        """``demo_search_share``: the share of tasks on which :meth:`demonstrate` searches
+        every document; on the others it searches document 0 only, so a warm start on its
+        (correct) episodes often stops after one search, which RL can teach it not to."""
         super().__init__(**kwargs)
+        if not 0.0 <= demo_search_share <= 1.0:
+            raise ValueError(f"docqa: demo_search_share is {demo_search_share}; it must be "
+                             "in [0, 1]")
         if num_docs < 1 or pages_per_doc < 1 or page_words < 0 or num_distractors < 0:
             raise ValueError(f"docqa: need num_docs >= 1, pages_per_doc >= 1, page_words >= 0 "
                              f"and num_distractors >= 0; got {num_docs}, {pages_per_doc}, "
@@ -135,7 +148,7 @@ class DocQAEnv(AgentEnv):
                              f"{num_docs} x {pages_per_doc} pages and {len(NAMES)} names")
         self.num_docs, self.pages_per_doc = num_docs, pages_per_doc
         self.page_words, self.num_distractors = page_words, num_distractors
-        self.delegate = delegate
+        self.delegate, self.demo_search_share = delegate, demo_search_share
         self.main_tools = ("search_document",) if delegate else ("read",)
 
     @tool
@@ -197,8 +210,10 @@ class DocQAEnv(AgentEnv):
         return Grade(correct, {"correct": correct, "subagents": float(len(self.threads.threads))})
 
     def demonstrate(self, messages: list[Message]) -> str:
-        """The scripted policy (see :func:`scripted_action`)."""
-        return scripted_action(messages)
+        """The scripted policy (see :func:`scripted_action`); whether it searches every
+        document is a stable draw from the task (``demo_search_share``)."""
+        draw = zlib.crc32(self.task.key.encode()) / 2**32
+        return scripted_action(messages, search_all=draw < self.demo_search_share)
 
     def _page(self, rng: np.random.Generator, doc: int, page: int,
               fact: tuple[str, int] | None) -> str:

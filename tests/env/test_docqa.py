@@ -84,3 +84,32 @@ def test_without_subagents_the_turns_reach_only_part_of_the_collection():
     rollouts = asyncio.run(play_demonstrations(config, fitted_tokenizer(), 24, seed=0))
     assert all(not r.threads and r.reward == 1.0 for r in rollouts)
     assert 0 < len(rollouts) < 24
+
+
+def test_the_weaker_demonstrator_searches_document_0_alone_on_the_rest_of_the_tasks():
+    """With ``demo_search_share=0`` every demonstration searches document 0 only: the
+    correct ones (the only ones trained on) found the code there; the tasks whose code is
+    in document 1 are left out."""
+    config = load_config(DOCQA_CONFIG, ["environments.0.kwargs={demo_search_share=0.0}"])
+    rollouts = asyncio.run(play_demonstrations(config, fitted_tokenizer(), 16, seed=0))
+    assert 0 < len(rollouts) < 16
+    for rollout in rollouts:
+        assert rollout.reward == 1.0 and len(rollout.threads) == 1
+        assert rollout.threads[0].answer.startswith("found #")
+
+
+def test_the_search_share_is_a_stable_draw_per_task_and_must_be_a_share():
+    """At share 0.5 some tasks' first main turn searches both documents and some only
+    document 0, each task always the same way."""
+    env = DocQAEnv(demo_search_share=0.5)
+    first_turns = []
+    for seed in range(12):
+        messages, _ = env.reset(seed=seed)
+        first = env.demonstrate(messages)
+        assert env.demonstrate(messages) == first
+        first_turns.append(first.count("search_document"))
+    assert sorted(set(first_turns)) == [1, 2]
+    every = DocQAEnv(demo_search_share=1.0)
+    assert every.demonstrate(every.reset(seed=0)[0]).count("search_document") == 2
+    with pytest.raises(ValueError, match="demo_search_share is 1.5; it must be in"):
+        DocQAEnv(demo_search_share=1.5)
