@@ -24,7 +24,8 @@ DOC = ROOT / "docs" / "writing-environments.md"
 EXAMPLE = ROOT / "examples" / "logsearch"
 
 SMALL = {
-    "sft": ["--num-steps", "60", "--num-demonstrations", "160", "--rows-per-step", "16"],
+    "sft": ["--num-steps", "60", "--num-demonstrations", "160", "--rows-per-step", "16",
+            "--copy-steps", "0"],
     "train": ["--set", "train.num_steps=1", "--set", "log.live=false",
               "--set", "batch.rollout_batch_size=4", "--set", "batch.global_batch_size=32"],
 }
@@ -82,7 +83,10 @@ def test_the_walkthrough_reaches_a_training_step_with_compaction(tmp_path, monke
         argv = command + SMALL.get(command[0], [])
         assert main(argv) == 0, f"`agentrl {shlex.join(argv)}` failed"
     out = capsys.readouterr().out
-    assert "logsearch: 120 played, 120 correct" in out  # 3:1 of 160 demonstrations
+    # 3:1 of 160 demonstrations; the page's demonstrator guesses on 3 tasks of 4, and
+    # only the guesses that were right are kept
+    kept = int(re.search(r"logsearch: 120 played, (\d+) correct", out).group(1))
+    assert 30 < kept < 120
     assert "reward 1" in out  # check-env's scripted episode
     steps = [m for m in read_metrics(tmp_path / "runs" / "logsearch") if m["step"] >= 1]
     assert steps and steps[0]["env/logsearch/num_rollouts"] == 24
@@ -112,3 +116,29 @@ def test_the_pages_jsonl_example_is_a_correct_demonstration(tmp_path, monkeypatc
                                                policies=policies, log=lines.append))
     assert "logsearch: 2 played, 2 correct" in lines[0]
     assert {r.stats.num_turns for r in rollouts if r.env == "logsearch"} == {3}
+
+
+def test_the_pages_weaker_demonstrator_reads_on_its_share_of_tasks(monkeypatch):
+    import sys
+
+    from agentrl import Message
+
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    sys.modules.pop("logsearch", None)
+    from logsearch import LogSearchEnv
+
+    def reads(share: float, seed: int) -> bool:
+        env = LogSearchEnv(demo_read_share=share)
+        messages, _ = env.reset(seed=seed)
+        action = env.demonstrate(messages)
+        observation, *_ = env.step(action)
+        return '"read"' in env.demonstrate([*messages, Message("assistant", action),
+                                            *observation])
+
+    seeds = range(200)
+    assert all(reads(1.0, s) for s in seeds) and not any(reads(0.0, s) for s in seeds)
+    quarter = [s for s in seeds if reads(0.25, s)]
+    assert 30 <= len(quarter) <= 70  # about 1 task in 4, the same tasks every time
+    assert quarter == [s for s in seeds if reads(0.25, s)]
+    with pytest.raises(ValueError, match="demo_read_share is 1.5"):
+        LogSearchEnv(demo_read_share=1.5)

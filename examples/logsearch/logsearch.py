@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from agentrl import AgentEnv, Grade, Message, Task, format_call, tool
@@ -16,11 +18,15 @@ class LogSearchEnv(AgentEnv):
 
     max_turns = 4
 
-    def __init__(self, num_lines: int = 30, **kwargs):
+    def __init__(self, num_lines: int = 30, demo_read_share: float = 1.0, **kwargs):
         super().__init__(**kwargs)
         if num_lines < 8:
             raise ValueError(f"logsearch: num_lines is {num_lines}; it must be >= 8")
+        if not 0.0 <= demo_read_share <= 1.0:
+            raise ValueError(f"logsearch: demo_read_share is {demo_read_share}; it must "
+                             "be in [0, 1]")
         self.num_lines = num_lines
+        self.demo_read_share = demo_read_share
 
     @tool
     def grep(self, pattern: str) -> str:
@@ -36,15 +42,15 @@ class LogSearchEnv(AgentEnv):
 
     @tool
     def read(self, line: int) -> str:
-        """Three lines of the log, from a line number on.
+        """One line of the log.
 
         Args:
-            line: The first line to show.
+            line: The line's number.
         """
         lines = self.task.answer["log"]
         if not 0 <= line < len(lines):
             raise ValueError(f"the log has lines 0 to {len(lines) - 1}")
-        return "\n".join(f"{j}: {lines[j]}" for j in range(line, min(line + 3, len(lines))))
+        return f"{line}: {lines[line]}"
 
     def sample_task(self, rng: np.random.Generator) -> Task:
         """A log of finished requests; one started, then its service crashed."""
@@ -66,11 +72,15 @@ class LogSearchEnv(AgentEnv):
         return Grade(float(given == self.task.answer["service"]))
 
     def demonstrate(self, messages: list[Message]) -> str:
-        """Scripted solution: grep the error, read the line it names, answer its service."""
+        """Scripted solution: grep the error, read the line it names, answer its service.
+        On a share ``1 - demo_read_share`` of the tasks (a fixed draw per task) it guesses
+        instead: the service of the first line grep showed, right about 1 time in 5."""
         last = messages[-1]
         if last.role != "tool":
             return format_call("grep", pattern="ERROR")
         if last.name == "grep":
+            if zlib.crc32(self.task.key.encode()) / 2**32 >= self.demo_read_share:
+                return f"<answer> {last.content.split()[4]}</answer>"
             error = next(line for line in last.content.splitlines() if "ERROR" in line)
             return format_call("read", line=int(error.split()[-1]))
-        return f"<answer>{last.content.split()[4]}</answer>"
+        return f"<answer> {last.content.split()[4]}</answer>"

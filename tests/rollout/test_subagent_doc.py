@@ -39,7 +39,7 @@ def scripted(env, thread_id: str) -> str:
             return format_call("ask_reader", question="Which service failed?")
         return f"<answer>{tools[-1].content}</answer>"
     reply = env.demonstrate(messages)
-    return reply.removeprefix("<answer>").removesuffix("</answer>")
+    return reply.removeprefix("<answer>").removesuffix("</answer>").strip()
 
 
 def test_the_pages_subagent_example_plays_a_tree(tokenizer) -> None:
