@@ -2,6 +2,7 @@
 checks (with local stand-ins for the model folders and data files a GPU recipe names)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -34,16 +35,20 @@ def stand_in_model(tmp_path_factory) -> Path:
                                  max_position_embeddings=QWEN25_POSITIONS)
 
 
-def warm_start_stand_in(config, folder: Path) -> Path:
+def warm_start_stand_in(config, folder: Path, recipe: str) -> Path:
     """What `agentrl sft` writes for a config (its tokenizer fitted to the environments'
-    demonstrations, so prompts measure as in the walkthrough), untrained."""
+    demonstrations, with the chat template the config's recipe comment names, so prompts
+    measure as in the walkthrough), untrained."""
     from agentrl.model import build_tiny_checkpoint
     from agentrl.train.sft import WarmStartConfig, tokenizer_corpus
 
-    ws = WarmStartConfig()
+    named = re.search(r"--chat-template (\S+)", recipe)
+    template = named.group(1) if named else WarmStartConfig().chat_template
     return build_tiny_checkpoint(folder, hidden_size=32, num_layers=1, num_heads=2,
-                                 num_kv_heads=1, vocab_size=ws.vocab_size,
-                                 corpus=tokenizer_corpus(config, num_rollouts=40))
+                                 num_kv_heads=1, vocab_size=WarmStartConfig().vocab_size,
+                                 chat_template=template,
+                                 corpus=tokenizer_corpus(config, num_rollouts=40,
+                                                         chat_template=template))
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(ROOT)) for p in SHIPPED])
@@ -55,7 +60,7 @@ def test_shipped_config_is_valid(path, capsys, stand_in_model, tmp_path):
         absent.append(config.model.path)
         # a GPU recipe names a checkpoint; a walkthrough names its own `agentrl sft` output
         model = stand_in_model if config.model.path.startswith("/") else warm_start_stand_in(
-            config, tmp_path / "sft")
+            config, tmp_path / "sft", path.read_text())
         overrides.append(f'model.path="{model}"')
     for index, env in enumerate(config.environments):
         missing = {k: v for k, v in env.kwargs.items() if k.endswith("path") and not _exists(v)}
