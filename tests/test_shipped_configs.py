@@ -42,10 +42,11 @@ def warm_start_stand_in(config, folder: Path, recipe: str) -> Path:
     from agentrl.model import build_tiny_checkpoint
     from agentrl.train.sft import WarmStartConfig, tokenizer_corpus
 
+    defaults = WarmStartConfig()
     named = re.search(r"--chat-template (\S+)", recipe)
-    template = named.group(1) if named else WarmStartConfig().chat_template
+    template = named.group(1) if named else defaults.chat_template
     return build_tiny_checkpoint(folder, hidden_size=32, num_layers=1, num_heads=2,
-                                 num_kv_heads=1, vocab_size=WarmStartConfig().vocab_size,
+                                 num_kv_heads=1, vocab_size=defaults.vocab_size,
                                  chat_template=template,
                                  corpus=tokenizer_corpus(config, num_rollouts=40,
                                                          chat_template=template))

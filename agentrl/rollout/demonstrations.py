@@ -88,15 +88,15 @@ class DemoEngine:
             raise ValueError(f"request key {key!r} names no rollout being demonstrated")
         name, env, policy = self.playing[rollout_id]
         where = "" if thread_id == MAIN_THREAD else f" of subagent thread {thread_id}"
-        turn = (self.requests[key] if program else
-                sum(1 for m in thread_messages(env, thread_id) if m.role == "assistant"))
         try:
             text = (self._program_reply(key, env, policy) if program
                     else self._reply(key, thread_id, prompt_ids, env, policy))
         except Exception as exc:  # a bug in a scripted policy: report it, do not crash
             raise ValueError(f"{name}: the demonstration{where} raised "
                              f"{type(exc).__name__}: {exc}") from exc
-        if text is None:
+        if text is None:  # the turn asked for: the program's request already counted
+            turn = (self.requests[key] - 1 if program else
+                    sum(1 for m in thread_messages(env, thread_id) if m.role == "assistant"))
             raise ValueError(f"{name}: the demonstration gave no message for turn "
                              f"{turn + 1}{where}")
         ids = self.tokenizer.encode(text)

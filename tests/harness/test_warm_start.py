@@ -66,3 +66,12 @@ def test_a_program_without_trajectories_is_refused_naming_the_fix(tiny_dir):
     config = harness_config(tiny_dir, {"run": f"{CALC_AGENT}:run"})
     with pytest.raises(ConfigError, match=r"agent program .*--demonstrations FILE\.jsonl"):
         demonstration_policies(config)
+
+
+def test_a_trajectory_shorter_than_the_programs_requests_names_the_missing_turn(tiny_dir):
+    tokenizer = load_tokenizer(tiny_dir)
+    calls_only = [msgspec.structs.replace(t, actions=t.actions[:1])
+                  for t in weak_demonstrations(8) if len(t.actions) == 2][:1]
+    config = harness_config(tiny_dir, {"run": f"{CALC_AGENT}:run"}, rollout=ROLLOUT)
+    with pytest.raises(ConfigError, match="gave no message for turn 2"):
+        play(config, tokenizer, calls_only, 1)
