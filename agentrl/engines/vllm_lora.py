@@ -66,6 +66,13 @@ class VLLMAdapters:
         with self._lock:
             return set(self._requests)
 
+    @property
+    def in_use(self) -> dict[int, int]:
+        """Version → the requests running under it now (the versions no request uses are
+        dropped)."""
+        with self._lock:
+            return {v: n for v, n in self._users.items() if n}
+
     def start(self) -> None:
         """Begin receiving a version (generations go on meanwhile)."""
         self._receiving = {}

@@ -85,22 +85,27 @@ def test_adapters_load_as_new_lora_requests_and_match_the_native_model(lora_engi
 def test_a_request_running_across_a_sync_keeps_its_adapter(lora_engine, ckpt_a) -> None:
     old, new = random_adapter(ckpt_a, 3), random_adapter(ckpt_a, 4)
     lora_engine.update_weights(old.items(), version=5)
-    long = SamplingParams(temperature=0.0, max_tokens=120)
+    length = 250  # as long as the 256-token context allows: it outlives the sync
+    long = SamplingParams(temperature=0.0, max_tokens=length)
 
     async def main():
         running = asyncio.create_task(lora_engine.generate(PROMPT, long))
-        await asyncio.sleep(0.5)  # it is being decoded under version 5
+        for _ in range(3000):  # the sync starts as soon as the request runs under v5
+            if lora_engine.adapters.in_use.get(5):
+                break
+            await asyncio.sleep(0.01)
         await asyncio.to_thread(lora_engine.update_weights, new.items(), 6, in_flight=True)
-        live_during = lora_engine.adapters.live
+        during = lora_engine.adapters.live, lora_engine.adapters.in_use, running.done()
         fresh = await lora_engine.generate(PROMPT, GREEDY)
-        return await running, fresh, live_during
+        return await running, fresh, during
 
-    running, fresh, live_during = run(main())
-    assert live_during == {5, 6}
-    assert running.versions == [5] * 120 and fresh.versions == [6] * 12
+    running, fresh, (live_during, in_use, finished) = run(main())
+    assert not finished, f"the {length}-token request ended before the sync did"
+    assert in_use.get(5) == 1 and live_during == {5, 6}
+    assert running.versions == [5] * length and fresh.versions == [6] * 12
     alone = run(torch_lora_engine(ckpt_a, old).generate(PROMPT, long))
     assert running.token_ids == alone.token_ids  # decoded by version 5 to its end
-    assert lora_engine.adapters.live == {6}
+    assert lora_engine.adapters.live == {6} and lora_engine.adapters.in_use == {}
 
 
 def test_a_lora_engine_refuses_full_weights(lora_engine, model_a) -> None:
