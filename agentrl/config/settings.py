@@ -79,6 +79,15 @@ class ModelConfig(_Section):
     capability 8.0+ in bf16/fp16, else the exact per-row PyTorch path (the run prints
     which and why). "varlen": that kernel or an error; "flash": flash-attn (the optional
     `agentrl[flash]` extra) or an error; "torch": the per-row path everywhere."""
+    compile: bool = False
+    """`torch.compile` the decoder layers' per-token work (norms, projections, rope, MLP;
+    attention stays eager) for the training forward/backward and the built-in engine's
+    forwards, with dynamic shapes: the first update (and the first prefill and decode)
+    pays the compilation, typically tens of seconds; every later pack reuses it. Works
+    with FSDP2, activation checkpointing and LoRA training; the same loss and gradients
+    as eager to float rounding. A LoRA run's engine replicas stay eager (their adapter
+    versions would recompile at every sync). Off: eager everywhere. Measured:
+    bench/train_step.py --compile."""
     lora: LoRAConfig | None = None
     """``[model.lora]``: train low-rank adapters on the frozen base instead of every
     weight (docs/lora.md). None (no section): full fine-tuning."""

@@ -124,11 +124,15 @@ def build_torch_replica(config: Config, model_dir: str | Path, tokenizer: Any, m
     the CPU when ``gpus`` is empty)."""
     from agentrl.engines.torch_engine import TorchEngine
     from agentrl.model import load_pretrained
+    from agentrl.model.compile import compile_model
 
     device = torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")
     model = load_pretrained(model_dir, dtype=dtype, attention=config.model.attention,
                             device=device).eval()
     model.requires_grad_(False)
+    # a LoRA replica stays eager: its adapter versions are forward hooks reading a dict
+    # of live versions, which compiled code would guard on and recompile at every sync
+    compile_model(model, config.model.compile and config.model.lora is None)
     name = f"local replica {index}"
     adapters = None
     if config.model.lora is not None:  # the frozen base, plus adapter versions as synced

@@ -32,6 +32,7 @@ from agentrl.model.attention import (
     resolve_backend,
     varlen_attention,
 )
+from agentrl.model.compile import compiled
 from agentrl.model.kv_cache import KVCache, Slots, slot_ids
 from agentrl.model.logprobs import TokenScores, chunked_target_logprobs
 from agentrl.model.rope import apply_rope, inverse_frequencies, rope_cos_sin
@@ -99,17 +100,22 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, args.rms_norm_eps)
             self.k_norm = RMSNorm(d, args.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, ctx: _Context,
-                keep: torch.Tensor | None = None) -> torch.Tensor:
-        """[B, T, H] out; with ``keep`` (flat positions [M]) only those rows, [M, H]:
-        every position still gives its keys and values, only the kept ones go on."""
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, T, H, D], k and v [B, T, KVH, D] of the normed input x [B, T, hidden],
+        rope applied: per-token work, the same for every way of attending."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: _Context
+               ) -> torch.Tensor:
+        """[B, T, H * D] before o_proj: cached, varlen (packed) or dense causal."""
+        b, t = q.shape[:2]
         if ctx.cache is not None:
             out = self._cached(q, k, v, ctx)
         elif ctx.cu_seqlens is not None:
@@ -120,9 +126,7 @@ class Attention(nn.Module):
         else:
             out = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
             out = out.transpose(1, 2)
-        if keep is not None:
-            return self.o_proj(out.reshape(b * t, -1).index_select(0, keep))
-        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
+        return out.reshape(b, t, self.num_heads * self.head_dim)
 
     def _cached(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: _Context
@@ -159,6 +163,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.activation_checkpointing = False
         """Keep only the layer's input for backward and recompute the block there."""
+        self.compiled = False
+        """Run the work before and after attention through ``torch.compile``
+        (``agentrl.model.compile``); attention itself stays eager."""
 
     def forward(self, x: torch.Tensor, ctx: _Context) -> torch.Tensor:
         if self.activation_checkpointing and torch.is_grad_enabled():
@@ -175,11 +182,27 @@ class DecoderLayer(nn.Module):
         # reads (the generated tokens): o_proj, the residual and the MLP act per
         # position, so the other positions' outputs would be computed and thrown away
         keep = ctx.keep if ctx.keep_layer == self.self_attn.layer else None
-        attended = self.self_attn(self.input_layernorm(x), ctx, keep)
-        if keep is not None:
-            x = x.reshape(-1, x.shape[-1]).index_select(0, keep)
-        x = x + attended
-        return x + self.mlp(self.post_attention_layernorm(x))
+        project, finish = (compiled(layer_project), compiled(layer_finish)) if self.compiled \
+            else (layer_project, layer_finish)
+        q, k, v = project(self, x, ctx.cos, ctx.sin)
+        return finish(self, x, self.self_attn.attend(q, k, v, ctx), keep)
+
+
+def layer_project(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's work before attention: input norm, q/k/v projections, q/k norm, rope."""
+    return layer.self_attn.project(layer.input_layernorm(x), cos, sin)
+
+
+def layer_finish(layer: DecoderLayer, x: torch.Tensor, attended: torch.Tensor,
+                 keep: torch.Tensor | None) -> torch.Tensor:
+    """A layer's work after attention: o_proj, the residual, the MLP block; with ``keep``
+    (flat positions [M]) only at those positions, [M, hidden] out."""
+    if keep is not None:
+        attended = attended.reshape(-1, attended.shape[-1]).index_select(0, keep)
+        x = x.reshape(-1, x.shape[-1]).index_select(0, keep)
+    x = x + layer.self_attn.o_proj(attended)
+    return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
 class Decoder(nn.Module):

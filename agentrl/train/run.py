@@ -30,6 +30,7 @@ from agentrl.config.schedule import effective_lr
 from agentrl.engines.router import EngineRouter
 from agentrl.memory.plan import resolve_activation_checkpointing
 from agentrl.model.attention import use_deterministic_kernels
+from agentrl.model.compile import compile_model
 from agentrl.model.lora import is_adapter
 from agentrl.observe.tracking import tracking_writers
 from agentrl.observe.writers import JsonlWriter, MultiWriter, build_writers
@@ -400,14 +401,16 @@ def announce_attention(choice: str, dtype: torch.dtype, device: torch.device,
 
 def configure_memory(config: Config, model: Any, reference: Any, device: torch.device) -> None:
     """Activation checkpointing (train.activation_checkpointing; "auto": on a GPU), the
-    log-prob chunk of the training forward and a deterministic attention backward
-    (train.deterministic), for the policy and the reference model."""
+    log-prob chunk of the training forward, a deterministic attention backward
+    (train.deterministic) and torch.compile (model.compile), for the policy and the
+    reference model."""
     checkpointing = resolve_activation_checkpointing(config.train.activation_checkpointing,
                                                      on_gpu=device.type == "cuda")
     for m in (model, reference):
         if m is not None:
             m.configure_memory(checkpointing, config.train.logprob_chunk_tokens)
             m.deterministic_attention = config.train.deterministic
+            compile_model(m, config.model.compile)
 
 
 def seed_everything(seed: int) -> None:
