@@ -86,8 +86,8 @@ class ModelConfig(_Section):
     pays the compilation, typically tens of seconds; every later pack reuses it. Works
     with FSDP2, activation checkpointing and LoRA training; the same loss and gradients
     as eager to float rounding. A LoRA run's engine replicas stay eager (their adapter
-    versions would recompile at every sync). Off: eager everywhere. Measured:
-    bench/train_step.py --compile."""
+    versions would recompile at every sync). Off: eager everywhere. Its speed is not
+    measured yet."""
     lora: LoRAConfig | None = None
     """``[model.lora]``: train low-rank adapters on the frozen base instead of every
     weight (docs/lora.md). None (no section): full fine-tuning."""
