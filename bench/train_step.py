@@ -10,7 +10,8 @@ see the same machine load; it prints the median seconds per update of each (wall
 and CPU time: the machine is shared), the speed-up, and how far the two updates' loss and
 gradient norm differ (the algorithm must not change).
 
-    python bench/train_step.py --baseline /path/to/main/checkout [--shapes small large]
+    python -m bench.train_step --baseline /path/to/main/checkout [--shapes small large]
+    python -m bench.train_step --compile [--shapes small large]   # eager vs model.compile
 """
 
 from __future__ import annotations
@@ -21,26 +22,24 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_GROUPS, GROUP_SIZE, PROMPT_TOKENS = 16, 8, 64
-LARGE = {"vocab_size": 1024, "hidden_size": 512, "intermediate_size": 1536,
-         "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
-         "head_dim": 64}
 
 
-def worker(shape: str, steps: int, threads: int) -> None:
-    """Time ``steps`` updates (after one warm-up) and print one JSON line (run in a child
-    whose PYTHONPATH names the checkout to measure)."""
+def worker(model_path: Path, steps: int, threads: int, compile_layers: bool) -> None:
+    """Time ``steps`` updates (after one warm-up) of the checkpoint at ``model_path`` and
+    print one JSON line (run in a child whose PYTHONPATH names the checkout to measure; it
+    imports nothing from bench/, which the baseline checkout may lack)."""
     import numpy as np
     import torch
 
     import agentrl
     from agentrl.config import LossConfig, OptimConfig
-    from agentrl.model import ModelArgs, load_pretrained
-    from agentrl.model.tiny import init_model
+    from agentrl.model import load_pretrained
     from agentrl.packing import collate, pack
     from agentrl.parallel.fsdp import clip_grad_norm
     from agentrl.train.optimizer import build_optimizer
@@ -48,10 +47,11 @@ def worker(shape: str, steps: int, threads: int) -> None:
     from agentrl.types import Row
 
     torch.set_num_threads(threads)
-    if shape == "small":
-        model = load_pretrained(ROOT / "assets" / "quickstart-sft", attention="torch")
-    else:
-        model = init_model(ModelArgs(**LARGE), seed=0)
+    model = load_pretrained(model_path, attention="torch")
+    if compile_layers:
+        from agentrl.model.compile import compile_model
+
+        compile_model(model)
     vocab = model.config.vocab_size
     rng = np.random.default_rng(0)
     rows, advantages = [], []
@@ -75,7 +75,9 @@ def worker(shape: str, steps: int, threads: int) -> None:
         optimizer.step()
         return stats.loss, norm
 
-    first = update()  # warm-up; its figures are the same weights' in both checkouts
+    start = time.perf_counter()
+    first = update()  # warm-up (and compilation); the same weights' figures in both runs
+    warmup = time.perf_counter() - start
     wall, cpu = [], []
     for _ in range(steps):
         start, start_cpu = time.perf_counter(), time.process_time()
@@ -83,14 +85,18 @@ def worker(shape: str, steps: int, threads: int) -> None:
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     print(json.dumps({"wall": wall, "cpu": cpu, "loss": first[0], "grad_norm": first[1],
+                      "warmup": warmup,
                       "agentrl": str(Path(agentrl.__file__).parents[1])}))
 
 
-def measure(tree: Path, shape: str, steps: int, threads: int) -> dict:
+def measure(tree: Path, model_path: Path, steps: int, threads: int,
+            compile_layers: bool = False) -> dict:
     """One worker process on ``tree``'s agentrl."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)}
-    done = subprocess.run([sys.executable, __file__, "--worker", shape, "--steps", str(steps),
-                           "--threads", str(threads)], env=env, check=True,
+    done = subprocess.run([sys.executable, __file__, "--worker", str(model_path), "--steps",
+                           str(steps),
+                           "--threads", str(threads)] + ["--compile"] * compile_layers,
+                          env=env, check=True,
                           capture_output=True, text=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if Path(result["agentrl"]).resolve() != tree.resolve():
@@ -99,39 +105,54 @@ def measure(tree: Path, shape: str, steps: int, threads: int) -> dict:
 
 
 def main() -> None:
-    """Alternate baseline and this checkout, ``--rounds`` processes each, per shape."""
+    """Alternate the two arms (baseline and this checkout, or eager and compiled),
+    ``--rounds`` processes each, per shape."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", type=Path, help="checkout to compare against")
+    parser.add_argument("--compile", action="store_true",
+                        help="compare this checkout eager against model.compile")
     parser.add_argument("--shapes", nargs="+", default=["small"], choices=["small", "large"])
-    parser.add_argument("--rounds", type=int, default=3, help="processes per checkout")
+    parser.add_argument("--rounds", type=int, default=3, help="processes per arm")
     parser.add_argument("--steps", type=int, default=4, help="timed updates per process")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--worker", choices=["small", "large"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.steps, args.threads)
+        worker(args.worker, args.steps, args.threads, args.compile)
         return
-    trees = {"this": ROOT} if args.baseline is None else {"baseline": args.baseline,
-                                                          "this": ROOT}
+    if args.compile and args.baseline:
+        parser.error("--compile compares this checkout with itself; drop --baseline")
+    from bench.shapes import write_large_checkpoint
+
+    tmp = tempfile.TemporaryDirectory()
+    models = {"small": ROOT / "assets" / "quickstart-sft",
+              "large": write_large_checkpoint(Path(tmp.name) / "large")}
+    arms = ({"eager": (ROOT, False), "compiled": (ROOT, True)} if args.compile
+            else {"baseline": (args.baseline, False), "this": (ROOT, False)} if args.baseline
+            else {"this": (ROOT, False)})
     print(f"load before: {os.getloadavg()[0]:.2f}; {NUM_GROUPS} groups x {GROUP_SIZE} rows "
           f"({PROMPT_TOKENS} prompt + 10..40 generated tokens), {args.threads} thread(s), "
-          f"{args.rounds} x {args.steps} updates per checkout")
+          f"{args.rounds} x {args.steps} updates per arm")
     for shape in args.shapes:
-        runs: dict[str, list[dict]] = {name: [] for name in trees}
+        runs: dict[str, list[dict]] = {name: [] for name in arms}
         for _ in range(args.rounds):
-            for name, tree in trees.items():
-                runs[name].append(measure(tree, shape, args.steps, args.threads))
+            for name, (tree, compiled) in arms.items():
+                runs[name].append(measure(tree, models[shape], args.steps, args.threads,
+                                          compiled))
         medians = {}
         for name, results in runs.items():
             wall = statistics.median(t for r in results for t in r["wall"])
             cpu = statistics.median(t for r in results for t in r["cpu"])
+            warmup = statistics.median(r["warmup"] for r in results)
             medians[name] = (wall, cpu)
-            print(f"  {shape:<5} {name:<8}: {wall:.3f} s/update wall, {cpu:.3f} s CPU "
-                  f"(loss {results[0]['loss']:.6f}, grad norm {results[0]['grad_norm']:.6f})")
-        if "baseline" in runs:
-            base, this = runs["baseline"][0], runs["this"][0]
-            print(f"  {shape:<5} speed-up: {medians['baseline'][0] / medians['this'][0]:.2f}x "
-                  f"wall, {medians['baseline'][1] / medians['this'][1]:.2f}x CPU; "
+            print(f"  {shape:<5} {name:<8}: {wall:.3f} s/update wall, {cpu:.3f} s CPU, "
+                  f"first update {warmup:.1f} s (loss {results[0]['loss']:.6f}, grad norm "
+                  f"{results[0]['grad_norm']:.6f})")
+        if len(runs) == 2:
+            (before, base), (after, this) = ((n, runs[n][0]) for n in runs)
+            print(f"  {shape:<5} {after} / {before} speed-up: "
+                  f"{medians[before][0] / medians[after][0]:.2f}x wall, "
+                  f"{medians[before][1] / medians[after][1]:.2f}x CPU; "
                   f"|d loss| {abs(base['loss'] - this['loss']):.1e}, |d grad norm| "
                   f"{abs(base['grad_norm'] - this['grad_norm']):.1e}")
     print(f"load after: {os.getloadavg()[0]:.2f}")

@@ -1,17 +1,24 @@
 """agentrl against Hugging Face TRL's GRPOTrainer on the same work, side by side in one run.
 
-Both train the earlier quickstart warm start (``assets/calc-countdown-sft``) on Countdown graded by
-the same agentrl environment, with the same batch (prompts × samples completions per
-optimizer step, one update per collection), lr, token-level loss (TRL ``loss_type =
-"dapo"``), group-normalized advantages, no KL, temperature 1. Prints steps per minute,
+Both train the earlier quickstart warm start (``assets/calc-countdown-sft``) on tasks of one
+agentrl environment graded by it (Countdown in one turn, or ``--env calculator``: word
+problems over a ``calculate`` tool, up to 3 turns as in ``configs/calc_countdown.toml``;
+TRL through its own tool calling with the same tool schema), with the same batch
+(prompts × samples completions per optimizer step, one update per collection), lr,
+token-level loss (TRL ``loss_type = "dapo"``), group-normalized advantages, no KL,
+temperature 1. Prints steps per minute,
 agentrl's generate/train split, peak resident memory and mean reward of each, and the
 agentrl / TRL ratio. TRL runs in its own venv (``--trl-venv``, default ``.venv-trl``),
 created with ``pip install trl==1.16.0 torch==2.13.0 msgspec gymnasium`` when missing.
 
-    python bench/peers/trl_grpo.py            # 20 steps, 16 prompts x 8 samples
-    python bench/peers/trl_grpo.py --quick    # 2 steps of 4 x 4: checks that it runs
+    python -m bench.peers.trl_grpo                 # 20 steps, 16 prompts x 8 samples
+    python -m bench.peers.trl_grpo --shape large   # 6 steps of a random 8-layer model
+    python -m bench.peers.trl_grpo --env calculator  # multi-turn tool calling
+    python -m bench.peers.trl_grpo --quick         # 2 steps of 4 x 4: checks that it runs
 
-Only the small shape (the quickstart model) so far; note ``uptime`` when you measure.
+``--shape large`` is ``bench.shapes``' random 8-layer, 512-hidden decoder with the warm
+start's tokenizer: nearly every completion runs the full 40 tokens. Note ``uptime`` when
+you measure.
 """
 
 from __future__ import annotations
@@ -24,9 +31,20 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.shapes import SMALL, write_large_checkpoint
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_trl_worker.py")
-ENV_KWARGS = {"num_numbers": 2, "max_number": 9}
+# What each environment's rollout may do. agentrl caps generated tokens per turn and per
+# rollout; TRL caps one completion: its generated tokens and the tool results between them.
+ENVS = {
+    "countdown": {"env_id": "agentrl/Countdown-v0", "env_kwargs": {"num_numbers": 2,
+                  "max_number": 9}, "max_turns": 1, "rollout_tokens": 40,
+                  "trl_completion_tokens": 40},
+    "calculator": {"env_id": "agentrl/Calculator-v0", "env_kwargs": {"num_operations": 1,
+                   "max_number": 9}, "max_turns": 3, "rollout_tokens": 120,
+                   "trl_completion_tokens": 160},
+}
 
 CONFIG = """
 [model]
@@ -41,8 +59,8 @@ lr = {lr}
 [rollout]
 temperature = 1.0
 max_new_tokens = {max_new_tokens}
-max_turns = 1
-max_rollout_tokens = {max_new_tokens}
+max_turns = {max_turns}
+max_rollout_tokens = {rollout_tokens}
 max_concurrent_rollouts = {batch}
 [train]
 num_steps = {steps}
@@ -51,8 +69,8 @@ seed = {seed}
 live = false
 rollouts_every = 0
 [[environments]]
-id = "agentrl/Countdown-v0"
-kwargs = {{ num_numbers = 2, max_number = 9 }}
+id = "{env_id}"
+kwargs = {env_toml}
 """
 
 AGENTRL_RUN = """
@@ -78,7 +96,9 @@ def trl_python(venv: Path) -> Path:
 def run_agentrl(spec: dict, folder: Path) -> dict:
     """``agentrl train`` on the spec in a child process; its timings from metrics.jsonl."""
     config = folder / "agentrl.toml"
-    config.write_text(CONFIG.format(batch=spec["prompts"] * spec["samples"], **spec))
+    env_toml = "{ " + ", ".join(f"{k} = {v!r}" for k, v in spec["env_kwargs"].items()) + " }"
+    config.write_text(CONFIG.format(batch=spec["prompts"] * spec["samples"],
+                                    env_toml=env_toml, **spec))
     out = folder / "agentrl-run"
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
     done = subprocess.run([sys.executable, "-c", AGENTRL_RUN, "train", str(config), "--out",
@@ -98,8 +118,7 @@ def run_trl(spec: dict, folder: Path, python: Path) -> dict:
     """TRL's GRPOTrainer on the spec in its venv; ``trainer.train()``'s seconds."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(spec["threads"])}
     done = subprocess.run([str(python), str(WORKER), json.dumps({**spec, "out": str(
-        folder / "trl-run"), "env_kwargs": ENV_KWARGS})], env=env, cwd=ROOT, check=True,
-        capture_output=True, text=True)
+        folder / "trl-run")})], env=env, cwd=ROOT, check=True, capture_output=True, text=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result["reward"] = sum(result["rewards"]) / max(1, len(result["rewards"]))
     return result
@@ -109,24 +128,30 @@ def main() -> None:
     """Run both on the same spec, agentrl first, and print the side-by-side table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 steps of 4 prompts x 4")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--shape", choices=["small", "large"], default="small")
+    parser.add_argument("--env", choices=sorted(ENVS), default="countdown",
+                        help="calculator: multi-turn, TRL through its tool calling")
+    parser.add_argument("--steps", type=int, help="default 20 (small) or 6 (large)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--trl-venv", type=Path, default=ROOT / ".venv-trl")
     args = parser.parse_args()
-    prompts, samples, steps = (4, 4, 2) if args.quick else (16, 8, args.steps)
-    spec = {"model": str(ROOT / "assets" / "calc-countdown-sft"), "prompts": prompts,
-            "samples": samples, "steps": steps, "lr": 3e-4, "max_new_tokens": 40, "seed": 0,
-            "threads": args.threads}
+    steps = args.steps or {"small": 20, "large": 6}[args.shape]
+    prompts, samples, steps = (4, 4, 2) if args.quick else (16, 8, steps)
+    spec = {"prompts": prompts, "samples": samples, "steps": steps, "lr": 3e-4,
+            "max_new_tokens": 40, "seed": 0, "threads": args.threads, **ENVS[args.env]}
     python = trl_python(args.trl_venv)
     print(f"load before: {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
+        spec["model"] = str(SMALL if args.shape == "small"
+                            else write_large_checkpoint(Path(tmp) / "large"))
         ours = run_agentrl(spec, Path(tmp))
         theirs = run_trl(spec, Path(tmp), python)
     print(f"load after: {os.getloadavg()[0]:.2f}")
     ours_rate = 60 * ours["steps"] / ours["step_s"]
     theirs_rate = 60 * theirs["steps"] / theirs["train_s"]
-    print(f"{prompts} prompts x {samples} samples, {steps} steps, 40 new tokens, quickstart "
-          "warm start")
+    model = "quickstart warm start" if args.shape == "small" else "random 8 layers, hidden 512"
+    print(f"{args.env}, {prompts} prompts x {samples} samples, {steps} steps, 40 new tokens "
+          f"per turn, {model}")
     print(f"  agentrl: {ours_rate:.2f} steps/min (generate {ours['generate_s']:.1f} s + train "
           f"{ours['train_s']:.1f} s of {ours['step_s']:.1f} s; process {ours['wall_s']:.1f} s),"
           f" peak RSS {ours['peak_rss_mb']:.0f} MB, mean reward {ours['reward']:.3f}")
