@@ -49,6 +49,7 @@ class CalculatorEnv(AgentEnv):
     """Word problems; the ``calculate`` tool evaluates + - * / expressions exactly."""
 
     max_turns = 4
+    isolation = "inline"  # every call is quick pure Python (parsing bounded model text)
 
     def __init__(self, num_operations: int = 1, max_number: int = 20,
                  strict_answer: bool = True, **kwargs):

@@ -56,6 +56,7 @@ class CountdownEnv(AgentEnv):
     """Single-turn Countdown; reward 1.0 for a correct expression, else 0.0."""
 
     max_turns = 2
+    isolation = "inline"  # every call is quick pure Python (parsing bounded model text)
 
     def __init__(self, num_numbers: int = 4, min_number: int = 1, max_number: int = 25,
                  max_target: int = 1000, **kwargs):

@@ -29,7 +29,8 @@ The contract the rollout runner relies on
   ``rollout.step_timeout_s`` and the constructor under ``rollout.rollout_timeout_s``
   (see :mod:`agentrl.rollout.env_guard`), each call on its own thread
   (``isolation = "thread"``, the default; an environment with native async I/O overrides
-  ``astep``, which is then awaited instead) or in a worker process
+  ``astep``, which is then awaited instead), on the event loop itself
+  (``isolation = "inline"``, for quick calls) or in a worker process
   (``isolation = "process"``). A call that timed out may still be running, so the runner
   drops that instance (the rollout is invalid) and closes it once the call returns.
 - Checked on every call (:mod:`agentrl.rollout.env_contract`): ``reset`` returns a
@@ -127,10 +128,13 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
     """Share of task keys held out for the eval split."""
     isolation: str = "thread"
     """Where the runner keeps each instance: "thread" (in the trainer's process; each call
-    on its own thread, cut off at ``rollout.step_timeout_s``) or "process" (a worker
-    process killed at the deadline, whatever the code does). Choose "process" when a step
-    can hold the GIL for long (C extensions, big regexes on model text): in-process, such
-    a step freezes every other rollout until it returns."""
+    on its own thread, cut off at ``rollout.step_timeout_s``), "inline" (in the trainer's
+    process, each call on the event loop itself: no thread hand-off, for environments
+    whose every call is quick pure Python that always returns; a call past its deadline
+    is only reported when it returns) or "process" (a worker process killed at the
+    deadline, whatever the code does). Choose "process" when a step can hold the GIL for
+    long (C extensions, big regexes on model text): in-process, such a step freezes
+    every other rollout until it returns."""
     reward_range: tuple[float, float] | None = None
     """Declared bounds of one step's reward; a step reward outside them invalidates the
     rollout (``bad_reward``). None: any finite float."""

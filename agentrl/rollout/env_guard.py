@@ -8,15 +8,21 @@ return is checked against the contract (:mod:`agentrl.rollout.env_contract`); an
 failure becomes an :class:`EnvError` with a named kind, which invalidates that rollout
 and nothing else.
 
-Two ways to run the environment (``AgentEnv.isolation``):
+Three ways to run the environment (``AgentEnv.isolation``):
 
-- ``"thread"`` (default): the instance lives in this process; each call runs on its own
-  new thread. No call ever waits for a free worker, so the deadline counts only the call
-  itself (never queueing), and a call abandoned at its deadline blocks no one; when it
-  finally returns, its thread closes the instance. A Python-level hang is cut off on
+- ``"thread"`` (default): the instance lives in this process; each call runs on a thread
+  of its own (reused from call to call, :mod:`agentrl.rollout.env_threads`). No call ever
+  waits for a free worker, so the deadline counts only the call itself (never queueing),
+  and a call abandoned at its deadline blocks no one; when it finally returns, its
+  thread closes the instance. A Python-level hang is cut off on
   time. Code that holds the GIL (C code such as a backtracking regex) stalls the whole
   process, event loop included: the call is then reported late (``step_timeout`` with its
   real duration) and ``loop_stall_s`` says how long the loop was frozen.
+- ``"inline"``: the instance lives in this process and each call runs on the event loop
+  itself (:class:`InlineCaller`): no hand-off to a thread, for environments whose every
+  call is quick pure Python that always returns (task generation and grading, like the
+  built-in Countdown and Calculator). A call past its deadline is reported when it
+  returns, as above; a call that never returns would freeze the run.
 - ``"process"``: the instance lives in a worker process (:mod:`agentrl.rollout.env_worker`)
   and the deadline holds whatever the code does: the worker is killed at the deadline.
   Each instance costs a forked process (milliseconds) and its results are pickled.
@@ -50,16 +56,20 @@ from agentrl.rollout.env_contract import (
     describe,
     finite_float,
 )
+from agentrl.rollout.env_threads import ENV_THREADS
 from agentrl.sandbox.meter import SANDBOX, Meter
 from agentrl.text import brief, exception_message
 from agentrl.types import MAIN_THREAD, Message, Spend
 
-ISOLATIONS = ("thread", "process")
+ISOLATIONS = ("thread", "inline", "process")
 INLINE_WAIT_S = 0.1
 """Thread isolation: the constructor, ``reset``, ``tool_schemas`` and ``close`` are waited
 for on the event loop for up to this long before the loop moves on. Quick ones then
 finish in the order the rollouts started, as when they ran on the loop itself; the
 built-in engine's batches, and so bit-exact resume, depend on that order."""
+LATE_NOTICE_S = 0.5
+"""A deadline the event loop noticed this late was passed while the call held the loop
+(the GIL): the error says so."""
 ENV_CALLS = Meter("env_calls")
 """Seconds the environment's code ran, counted where it runs (``GuardedEnv.env_s``)."""
 START_TIMEOUT_S = 120.0
@@ -97,7 +107,8 @@ class GuardedEnv:
         the deadline of every later call); raises EnvError."""
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation {isolation!r}; use one of {ISOLATIONS}")
-        caller = ProcessCaller(name) if isolation == "process" else ThreadCaller(name)
+        callers = {"thread": ThreadCaller, "inline": InlineCaller, "process": ProcessCaller}
+        caller = callers[isolation](name)
         guarded = cls(name, caller, timeout_s, max_observation_chars)
         with guarded._timed():
             await caller.construct(factory, construct_timeout_s or timeout_s)
@@ -339,18 +350,17 @@ class ThreadCaller:
             if PROFILER.enabled:
                 PROFILER.add("rollout/env", clock["end"] - clock["start"])
             box.append(outcome)
-            done.set()
-            try:
+            try:  # first: a loop frozen by this call sees its result, not its deadline
                 loop.call_soon_threadsafe(_settle, future, outcome)
             except RuntimeError:
                 pass  # the event loop is closed: nobody waits for this call any more
             self._finished(what, outcome)
+            done.set()  # last: a loop waiting inline resumes with nothing left to do here
 
         with self._lock:
             self._in_flight = True
-        thread = threading.Thread(target=target, name=f"env-{self.name}-{what}", daemon=True)
         started = time.monotonic()
-        thread.start()
+        ENV_THREADS.run(target, f"env-{self.name}-{what}")
         try:
             if done.wait(min(inline_s, timeout_s)):
                 ok, value = box[0]
@@ -360,14 +370,23 @@ class ThreadCaller:
             late = time.monotonic() - started - timeout_s
             self.stall_s = max(self.stall_s, late)
             self._abandon()
-            error = _timeout(self.name, what, timeout_s)
+            detail = (f" (the event loop noticed {late:.1f} s after the deadline: the call "
+                      "held it, and code that holds the GIL needs isolation = \"process\")"
+                      if late >= LATE_NOTICE_S else "")
+            error = _timeout(self.name, what, timeout_s, detail)
             error.loop_stall_s = late
             raise error from None
         except asyncio.CancelledError:
             self._abandon()
             raise
-        duration = clock["end"] - clock["start"]
-        if duration > timeout_s:  # it held the event loop past the deadline (the GIL)
+        return self._outcome(what, ok, value, clock["end"] - clock["start"], timeout_s)
+
+    def _outcome(self, what: str, ok: bool, value: Any, duration: float,
+                 timeout_s: float) -> Any:
+        """A finished call's value, or the EnvError it earned: its exception, or a
+        deadline it passed while the event loop could not notice (holding the GIL, or
+        running on the loop itself)."""
+        if duration > timeout_s:
             self.stall_s = max(self.stall_s, duration - timeout_s)
             error = _timeout(self.name, what, timeout_s,
                              f" (it returned after {duration:.1f} s, holding the event loop: "
@@ -397,6 +416,33 @@ class ThreadCaller:
                 env.close()
             except Exception:  # noqa: BLE001 - the rollout is already invalid
                 pass
+
+
+class InlineCaller(ThreadCaller):
+    """Runs an in-process instance's methods on the event loop itself (``isolation =
+    "inline"``): no thread hand-off per call (tens of microseconds each, more on a busy
+    machine), for code whose every call is quick and always returns. A deadline cannot
+    cut such a call off: one that passes it is reported when it returns, as code holding
+    the GIL is, and the runner moves that environment's later rollouts to worker
+    processes."""
+
+    async def _on_thread(self, what: str, fn: Callable, args: tuple, kwargs: dict,
+                         timeout_s: float, inline_s: float = 0.0) -> Any:
+        """``fn`` here and now, in a copy of the caller's context (as on a thread)."""
+        ran = ENV_CALLS.current()
+        start = time.monotonic()
+        try:
+            ok, value = True, contextvars.copy_context().run(fn, *args, **kwargs)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the environment's own failure
+            ok, value = False, exc
+        duration = time.monotonic() - start
+        if ran is not None:
+            ran.add(duration)
+        if PROFILER.enabled:
+            PROFILER.add("rollout/env", duration)
+        return self._outcome(what, ok, value, duration, timeout_s)
 
 
 def _settle(future: asyncio.Future, outcome: tuple[bool, Any]) -> None:
