@@ -23,6 +23,7 @@ import msgspec
 import numpy as np
 import torch
 
+from agentrl.shared_prefix import pieces
 from agentrl.staleness import token_versions
 from agentrl.types import Row
 
@@ -218,9 +219,11 @@ class MicroBatch(msgspec.Struct, kw_only=True):
     input_ids: torch.Tensor
     """[1, T] int64: the rows' tokens, concatenated."""
     position_ids: torch.Tensor
-    """[1, T] int64: restart at 0 at every row."""
+    """[1, T] int64: restart at 0 at every row (a row after a shared prefix goes on from
+    the prefix's length)."""
     cu_seqlens: torch.Tensor
-    """[num_rows + 1] int32: row boundaries, for varlen attention."""
+    """[num_segments + 1] int32: segment boundaries, for varlen attention (one segment
+    per row, plus one per shared prefix)."""
     target_ids: torch.Tensor
     """[1, T] int64: the token each position predicts (0 where there is none)."""
     loss_mask: torch.Tensor
@@ -244,6 +247,9 @@ class MicroBatch(msgspec.Struct, kw_only=True):
     bounds: tuple[int, ...] = ()
     """``cu_seqlens`` as host ints: attention and the model's checks read them without
     waiting for the device."""
+    prefix_of: tuple[int, ...] = ()
+    """Per segment of ``bounds``: the segment it continues (a shared prompt it attends to
+    first, :mod:`agentrl.shared_prefix`), -1 for none; () when no segment shares."""
     num_rows: int = 0
     num_tokens: int = 0
     """Positions with loss mask 1: this micro-batch's share of the update's token count."""
@@ -294,19 +300,20 @@ def copy_to_device(tensors: Sequence[torch.Tensor], device: torch.device) -> lis
 
 def collate(
     rows: Sequence[Row], advantages: Sequence[float], indices: Sequence[int],
-    trained_version: int | None = None,
+    trained_version: int | None = None, share_prefixes: bool = False,
 ) -> MicroBatch:
     """Concatenate ``rows[indices]`` into one MicroBatch (no Python loop over tokens).
 
     An empty ``indices`` gives a one-token micro-batch with mask 0, so a rank with
     nothing left to train still runs the same forward/backward calls as the others.
     ``trained_version``: the policy version being trained; given, the rows' version runs
-    are expanded into per-target ``ages``.
+    are expanded into per-target ``ages``. ``share_prefixes``: rows of one group that
+    open with the same prompt hold it once (:mod:`agentrl.shared_prefix`; the model
+    must attend with ``prefix_of``, which only the exact per-row attention does).
     """
     if not indices:
         return _empty_micro_batch(trained_version)
     chosen = [rows[i] for i in indices]
-    lengths = torch.tensor([len(r.token_ids) for r in chosen], dtype=torch.int64)
     for i, r in zip(indices, chosen, strict=True):
         if not len(r.token_ids) == len(r.loss_mask) == len(r.logprobs):
             raise ValueError(
@@ -314,18 +321,26 @@ def collate(
                 f"token ids, {len(r.loss_mask)} loss-mask entries and {len(r.logprobs)} "
                 "log-probs; the three lists must have one entry per token"
             )
-    # one list → tensor conversion per row (in C); everything after is tensor ops
-    ids = torch.cat([torch.tensor(r.token_ids, dtype=torch.int64) for r in chosen])
-    mask = torch.cat([torch.tensor(r.loss_mask, dtype=torch.float32) for r in chosen])
-    logprobs = torch.cat([torch.tensor(r.logprobs, dtype=torch.float32) for r in chosen])
-    valid = torch.tensor([float(r.valid) for r in chosen])
-    adv = torch.tensor([float(advantages[i]) for i in indices], dtype=torch.float32)
+    segments = pieces(chosen, share_prefixes)
+    lengths = torch.tensor([p.end - p.start for p in segments], dtype=torch.int64)
+    # one list → tensor conversion per segment (in C); everything after is tensor ops
+    ids = torch.cat([torch.tensor(chosen[p.row].token_ids[p.start:p.end], dtype=torch.int64)
+                     for p in segments])
+    mask = torch.cat([torch.tensor(chosen[p.row].loss_mask[p.start:p.end],
+                                   dtype=torch.float32) for p in segments])
+    logprobs = torch.cat([torch.tensor(chosen[p.row].logprobs[p.start:p.end],
+                                       dtype=torch.float32) for p in segments])
+    valid = torch.tensor([float(chosen[p.row].valid) for p in segments])
+    adv = torch.tensor([float(advantages[indices[p.row]]) for p in segments],
+                       dtype=torch.float32)
+    starts = torch.tensor([p.start for p in segments], dtype=torch.int64)
     total = int(lengths.sum())
-    cu = torch.zeros(len(chosen) + 1, dtype=torch.int32)
+    cu = torch.zeros(len(segments) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(lengths, 0).to(torch.int32)
-    row_of = torch.repeat_interleave(torch.arange(len(chosen)), lengths)
-    positions = torch.arange(total) - cu[:-1].to(torch.int64)[row_of]
-    # shift left by one: position t predicts token t+1; a row's last position has none
+    row_of = torch.repeat_interleave(torch.arange(len(segments)), lengths)
+    positions = torch.arange(total) - (cu[:-1].to(torch.int64) - starts)[row_of]
+    # shift left by one: position t predicts token t+1; a segment's last position has
+    # none (a shared prefix's last token predicts nothing trained: see shared_prefix)
     is_last = torch.zeros(total, dtype=torch.bool)
     is_last[cu[1:].to(torch.int64) - 1] = True
     targets = torch.roll(ids, -1).masked_fill(is_last, 0)
@@ -333,9 +348,12 @@ def collate(
     target_logprobs = torch.roll(logprobs, -1).masked_fill(is_last, 0.0) * target_mask
     ages = None
     if trained_version is not None:
-        versions = torch.cat([token_versions(r.version_runs, len(r.token_ids), trained_version)
-                              for r in chosen])
+        versions = torch.cat([token_versions(chosen[p.row].version_runs,
+                                             len(chosen[p.row].token_ids),
+                                             trained_version)[p.start:p.end]
+                              for p in segments])
         ages = (trained_version - torch.roll(versions, -1)) * target_mask.long()
+    prefix_of = tuple(p.prefix for p in segments)
     return MicroBatch(
         input_ids=ids[None],
         position_ids=positions[None],
@@ -348,6 +366,7 @@ def collate(
         ages=None if ages is None else ages[None],
         head_positions=target_mask.nonzero().squeeze(-1),
         bounds=tuple(cu.tolist()),
+        prefix_of=prefix_of if any(p >= 0 for p in prefix_of) else (),
         num_rows=len(chosen),
         num_tokens=int(target_mask.sum()),
     )

@@ -105,6 +105,13 @@ class BatchConfig(_Section):
     max_tokens_per_microbatch: PositiveInt = 4096
     """Token budget of one packed micro-batch; >= 1, and `agentrl plan` refuses a budget
     below the longest possible row. Changes memory and speed, never the gradient."""
+    share_prefixes: bool = True
+    """Rows of one group that open with the same prompt hold it once in a training
+    micro-batch, its keys and values attended by each row (`agentrl/shared_prefix.py`):
+    the same loss and gradient (to float rounding) for less compute, often 2x less for
+    GRPO's short completions. Only with the exact per-row attention (`model.attention`
+    "torch", what a CPU runs); torch's varlen and flash-attn kernels compute every row's
+    prompt. Changes speed, never the gradient."""
 
 
 SEQUENCE_LEVEL_AGGREGATIONS = (

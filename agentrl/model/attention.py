@@ -124,6 +124,7 @@ def varlen_attention(
     backend: Backend | None = None,
     bounds: Sequence[int] | None = None,
     deterministic: bool = False,
+    prefix_of: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Causal attention within each row of a pack.
 
@@ -132,8 +133,15 @@ def varlen_attention(
     ``bounds`` (cu_seqlens as host ints) come from the host so no backend waits for the
     GPU. Returns [total, H, D]. The kernels need a CUDA tensor in fp16/bf16; other inputs
     take the per-row path, which gives the same result. ``backend`` None: "auto".
+    ``prefix_of`` (per segment, host ints; :mod:`agentrl.shared_prefix`): a segment that
+    names another attends to all of that one's tokens before its own; only the per-row
+    path reads it.
     """
     backend = backend or resolve_backend("auto")
+    shared = bool(prefix_of) and any(p >= 0 for p in prefix_of)
+    if shared:
+        return _torch_per_row(q, k, v, cu_seqlens.tolist() if bounds is None else bounds,
+                              prefix_of)
     if backend != "torch" and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
         if backend == "flash":
@@ -159,7 +167,8 @@ def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
 
 
 def _torch_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   bounds: Sequence[int]) -> torch.Tensor:
+                   bounds: Sequence[int], prefix_of: Sequence[int] | None = None
+                   ) -> torch.Tensor:
     """Causal SDPA within each row, the rows of equal length stacked into one call.
 
     On CPU a pack of many short rows (GRPO: 128 completions of ~100 tokens) spends its
@@ -168,26 +177,38 @@ def _torch_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     one ``split``, rows of one length (:func:`length_buckets`) are stacked into
     [n, H, L, D] for one SDPA call, and the outputs are unbound and concatenated back in
     pack order: every backward is one cat or one split, and autograd saves the same
-    bytes as one call per row (no padding, no index tensors)."""
+    bytes as one call per row (no padding, no index tensors). A row after a shared
+    prefix (``prefix_of``) takes the prefix's keys and values before its own, under a
+    causal mask aligned to its last key; rows stack when both lengths match."""
     lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+    parents = list(prefix_of) if prefix_of else [-1] * len(lengths)
     rows = [t.split(lengths) for t in (q, k, v)]
     outs: list[torch.Tensor | None] = [None] * len(lengths)
-    for bucket in length_buckets(lengths):
-        stacked = [torch.stack([r[i] for i in bucket]).transpose(1, 2) for r in rows]
-        attended = causal_attention(*stacked).transpose(1, 2).unbind(0)
-        for i, out in zip(bucket, attended, strict=True):
+    spans = [lengths[p] if p >= 0 else 0 for p in parents]
+    for bucket in length_buckets(lengths, spans):
+        qs = torch.stack([rows[0][i] for i in bucket]).transpose(1, 2)
+        if spans[bucket[0]]:
+            ks, vs = ([torch.cat([r[parents[i]], r[i]]) for i in bucket] for r in rows[1:])
+            attended = prefixed_attention(qs, torch.stack(ks).transpose(1, 2),
+                                          torch.stack(vs).transpose(1, 2))
+        else:
+            ks, vs = (torch.stack([r[i] for i in bucket]).transpose(1, 2) for r in rows[1:])
+            attended = causal_attention(qs, ks, vs)
+        for i, out in zip(bucket, attended.transpose(1, 2).unbind(0), strict=True):
             outs[i] = out
     kept = [out for out in outs if out is not None]
     return torch.cat(kept) if kept else torch.zeros_like(q)
 
 
-def length_buckets(lengths: Sequence[int]) -> list[list[int]]:
-    """Row indices grouped by length, one attention call each, in order of first
-    appearance. Empty rows are left out (they have no output)."""
-    by_length: dict[int, list[int]] = {}
+def length_buckets(lengths: Sequence[int], spans: Sequence[int] | None = None
+                   ) -> list[list[int]]:
+    """Row indices grouped by length (and by the length of the prefix each attends to
+    first, ``spans``), one attention call each, in order of first appearance. Empty rows
+    are left out (they have no output)."""
+    by_length: dict[tuple[int, int], list[int]] = {}
     for i, n in enumerate(lengths):
         if n > 0:
-            by_length.setdefault(n, []).append(i)
+            by_length.setdefault((n, spans[i] if spans else 0), []).append(i)
     return list(by_length.values())
 
 
@@ -196,6 +217,14 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return F.scaled_dot_product_attention(
         q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
     )
+
+
+def prefixed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal SDPA of T queries that come after a prefix: q [B, H, T, D], k/v [B, KVH,
+    P + T, D] (the prefix's keys first); query t sees keys 0 .. P + t."""
+    t, s = q.shape[-2], k.shape[-2]
+    mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+    return masked_attention(q, k, v, mask)
 
 
 def masked_attention(

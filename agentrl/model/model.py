@@ -72,8 +72,11 @@ class _Context:
         valid: torch.Tensor | None = None,
         keep: torch.Tensor | None = None,
         keep_layer: int = -1,
+        prefix_of: Sequence[int] | None = None,
     ) -> None:
         self.cos, self.sin = cos, sin
+        self.prefix_of = prefix_of
+        """Per packed segment, the shared prefix it attends to first (-1: none)."""
         self.cu_seqlens, self.max_seqlen, self.bounds = cu_seqlens, max_seqlen, bounds
         self.deterministic = deterministic
         self.cache, self.slots, self.positions, self.mask = cache, slots, positions, mask
@@ -121,7 +124,7 @@ class Attention(nn.Module):
         elif ctx.cu_seqlens is not None:
             out = varlen_attention(
                 q[0], k[0], v[0], ctx.cu_seqlens, ctx.max_seqlen, self.backend,
-                bounds=ctx.bounds, deterministic=ctx.deterministic,
+                bounds=ctx.bounds, deterministic=ctx.deterministic, prefix_of=ctx.prefix_of,
             ).unsqueeze(0)
         else:
             out = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
@@ -291,6 +294,7 @@ class CausalLM(nn.Module):
         with_entropy: bool = True,
         positions: torch.Tensor | None = None,
         bounds: Sequence[int] | None = None,
+        prefix_of: Sequence[int] | None = None,
     ) -> torch.Tensor | TokenScores:
         """Logits [B, T, V] in fp32 for input_ids [B, T]; with ``targets`` [B, T] instead
         ``TokenScores``: log_softmax(logits / temperature)[target] [B, T] in fp32 and the
@@ -303,6 +307,8 @@ class CausalLM(nn.Module):
         attention stays inside each; position ids then restart at 0 per row (derived from
         cu_seqlens when not given). ``bounds``: the same boundaries as host ints (a
         ``MicroBatch``'s); given, nothing in the forward reads a device tensor back.
+        ``prefix_of``: per segment of cu_seqlens, the shared prefix segment it continues
+        (-1: none; ``MicroBatch.prefix_of``, :mod:`agentrl.shared_prefix`).
         """
         b, t = input_ids.shape
         max_seqlen, host_bounds = t, None
@@ -326,7 +332,8 @@ class CausalLM(nn.Module):
             keep = positions.to(input_ids.device, non_blocking=True)
         ctx = _Context(cos, sin, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
                        bounds=host_bounds, deterministic=self.deterministic_attention,
-                       keep=keep, keep_layer=self.config.num_hidden_layers - 1)
+                       keep=keep, keep_layer=self.config.num_hidden_layers - 1,
+                       prefix_of=prefix_of)
         hidden = self._hidden(input_ids, ctx)
         if targets is None:
             return self.lm_head(hidden)

@@ -66,6 +66,9 @@ class Run:
     cost: CostModel
     timeouts: Timeouts
     compute_dtype: torch.dtype
+    share_prefixes: bool = False
+    """Training packs hold a group's shared prompt once (batch.share_prefixes, with the
+    exact per-row attention only)."""
     process_group: dist.ProcessGroup | None = None
     reference: Any = None
     """Frozen initial model for the KL term (only when loss.kl_coef != 0), sharded."""
@@ -302,6 +305,7 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
     run = Run(config=config, run_dir=run_dir, model=model, tokenizer_dir=model_dir,
               sampler=sampler, optimizer=optimizer, scheduler=scheduler, state=state,
               plan=plan_batches(config), cost=cost, timeouts=limits, compute_dtype=compute,
+              share_prefixes=config.batch.share_prefixes and attention == "torch",
               process_group=group, reference=reference, **main_parts)
     run.first_sync()
     return run

@@ -51,6 +51,7 @@ from agentrl.parallel import groups
 from agentrl.parallel.fsdp import clip_grad_norm
 from agentrl.reassembler import to_rows
 from agentrl.rollout.health import InvalidRateMonitor, invalid_figures
+from agentrl.shared_prefix import packing_units
 from agentrl.staleness import asynchronous_figures, staleness_figures
 from agentrl.train.checkpoint import TrainerState, save_checkpoint
 from agentrl.train.run import Run
@@ -225,12 +226,14 @@ def micro_batches(run: Run, rows: list[Row], advantages: list[float]) -> list[li
     num_updates = max(1, min(run.plan.num_updates, num_rollouts))
     budget = run.config.batch.max_tokens_per_microbatch
     batches = []
+    share = run.share_prefixes
     with section("train/packing"):
         for chunk in split_by_rollout(rows, num_updates):
-            lengths = [len(rows[i].token_ids) for i in chunk]
+            units, lengths = (packing_units(rows, chunk, budget) if share else
+                              ([[i] for i in chunk], [len(rows[i].token_ids) for i in chunk]))
             mine = plan_micro_batches(lengths, budget, run.world_size, run.cost)[run.rank]
-            batches.append([collate(rows, advantages, [chunk[j] for j in mb], run.state.step)
-                            for mb in mine])
+            batches.append([collate(rows, advantages, [i for j in mb for i in units[j]],
+                                    run.state.step, share_prefixes=share) for mb in mine])
     return batches
 
 

@@ -91,7 +91,7 @@ def target_scores(model: nn.Module, mb: MicroBatch, temperature: float = 1.0,
         positions = head_positions(mb)
     return model(mb.input_ids, mb.position_ids, mb.cu_seqlens, targets=mb.target_ids,
                  temperature=temperature, with_entropy=with_entropy, positions=positions,
-                 bounds=mb.bounds or None)
+                 bounds=mb.bounds or None, prefix_of=mb.prefix_of or None)
 
 
 def forward_backward(

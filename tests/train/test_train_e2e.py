@@ -221,8 +221,9 @@ def test_the_resumed_run_starts_from_the_checkpoint_weights(tmp_path, model_dir)
 
 
 def test_micro_batch_budget_does_not_change_the_update(tmp_path, model_dir) -> None:
-    # a budget holds the longest possible row (plan refuses less): 780 + 10 new tokens
-    context = ["compaction.max_context_tokens=780", *MIXED]
+    # a budget holds the longest possible row (plan refuses less): 780 + 10 new tokens;
+    # every row whole (no shared prompts), so the small budget really splits the batch
+    context = ["compaction.max_context_tokens=780", "batch.share_prefixes=false", *MIXED]
     small = _train(tmp_path, model_dir, "small", steps=1, budget=800, overrides=context)
     large = _train(tmp_path, model_dir, "large", steps=1, budget=8192, overrides=context)
     assert _metrics(small)[0]["num_micro_batches"] > _metrics(large)[0]["num_micro_batches"]
@@ -231,6 +232,22 @@ def test_micro_batch_budget_does_not_change_the_update(tmp_path, model_dir) -> N
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-5)
     assert _moved(model_dir, b)
+
+
+def test_shared_prompts_do_not_change_the_update(tmp_path, model_dir) -> None:
+    # each group's prompt held once per micro-batch (the CPU default) or in every row:
+    # the same update; AdamW's first step divides by sqrt(v), so its tiniest gradient
+    # entries carry the reordered float sums a little further than the gradient itself
+    shared = _train(tmp_path, model_dir, "shared", steps=1, overrides=MIXED)
+    whole = _train(tmp_path, model_dir, "whole", steps=1,
+                   overrides=["batch.share_prefixes=false", *MIXED])
+    a, b = _weights(shared / "checkpoints" / "step_1"), _weights(whole / "checkpoints" /
+                                                                "step_1")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4)
+    assert any(not torch.equal(a[name], b[name]) for name in a)  # the layouts did differ
+    assert _metrics(shared)[0]["reward/mean"] == _metrics(whole)[0]["reward/mean"]
+    assert _moved(model_dir, a)
 
 
 def test_two_data_parallel_ranks_train_the_same_weights(tmp_path, model_dir) -> None:

@@ -11,7 +11,8 @@ from tests.train.test_train_e2e import MIXED, _metrics, _train, _weights
 model_dir = e2e.model_dir  # the same tiny checkpoint fixture
 
 MEMORY_SAVING = ["train.activation_checkpointing=true", "train.logprob_chunk_tokens=7"]
-CONTEXT = ["compaction.max_context_tokens=780"]  # rows of <= 790 tokens fit a budget of 800
+CONTEXT = ["compaction.max_context_tokens=780",  # rows of <= 790 tokens fit a budget of 800
+           "batch.share_prefixes=false"]  # every row whole: the small budget really splits
 
 
 def test_checkpointing_chunks_micro_batches_and_resume_change_no_weight(tmp_path, model_dir):
