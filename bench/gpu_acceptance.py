@@ -6,8 +6,9 @@ mix with bf16 compute over fp32 master weights, torch varlen attention, FSDP2 ov
 once with vLLM; resumes the built-in engine's run from its step-2 checkpoint (the metrics
 continue, the redone step equals the uninterrupted one) while ranks 1..N wait for slow
 collections on rank 0 longer than the collective timeout (``bench/acceptance_resume.py``);
-checks engine replicas and weight sync (sleep, weights, wake: ``bench/engine_scaling.py``)
-and the memory plan against an FSDP2-sharded step (``bench/memory.py``). It prints one
+checks engine replicas and weight sync (sleep, weights, wake: ``bench/engine_scaling.py``),
+the memory plan against an FSDP2-sharded step (``bench/memory.py``) and a compiled
+training step against the eager one (``model.compile``). It prints one
 line per check (PASS / FAIL / SKIP with the reason) plus tokens/s, MFU and peak memory.
 Exit status 0 only when no check failed; a check whose evidence is missing FAILs.
 
@@ -251,9 +252,83 @@ def memory_checks(report: Report, machine: Machine, scratch: Path) -> None:
     memory_check(report, machine, scratch)
 
 
-EXTRA_CHECKS: list[Callable[[Report, Machine, Path], None]] = [engine_checks, memory_checks]
-"""Further GPU checks (engine replicas and weight sync, the memory plan); each gets the
-report, the machine and a scratch folder."""
+def compile_checks(report: Report, machine: Machine, scratch: Path) -> None:
+    """``model.compile`` on the GPU: a compiled training step of the quickstart model in
+    bf16 with the varlen kernel matches the eager one, a pack of other row lengths
+    reuses the compilation, and the figure says what it saves (the CPU's agreement is
+    tests/model/test_compile.py's; the dry run skips the minutes inductor needs)."""
+    name = "[compile] compiled training step equals eager, no recompile on a new pack"
+    if machine.dry_run:
+        report.skip(name, "dry run on the CPU (tests/model/test_compile.py checks it there)")
+        return
+    try:
+        ok, detail, speedup = compile_agreement("cuda", "bfloat16")
+    except Exception as exc:  # noqa: BLE001 - a FAIL to report, not a crash
+        report.check(name, False, f"{type(exc).__name__}: {exc}")
+        return
+    report.check(name, ok, detail)
+    report.figures["compile: training step, eager / compiled"] = f"{speedup:.2f}x"
+
+
+def compile_agreement(device: str, dtype: str, repeats: int = 5) -> tuple[bool, str, float]:
+    """Eager and compiled copies of the quickstart model on ``device``: loss and gradient
+    agreement on two packs of different row lengths (the second must not recompile),
+    then the eager / compiled seconds of ``repeats`` more steps."""
+    import copy
+
+    import torch
+    import torch._dynamo
+
+    from agentrl.model import load_pretrained
+    from agentrl.model.compile import compile_model
+
+    attention = "varlen" if device == "cuda" else "torch"
+    eager = load_pretrained(ROOT / "assets" / "quickstart-sft", getattr(torch, dtype),
+                            attention, device)
+    compiled = copy.deepcopy(eager)
+    compile_model(compiled)
+
+    def step(model: Any, lengths: list[int], seed: int) -> tuple[float, torch.Tensor]:
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, model.config.vocab_size, (1, sum(lengths)), generator=gen)
+        cu = torch.tensor([0, *lengths]).cumsum(0)
+        keep = torch.arange(0, sum(lengths), 2)
+        model.zero_grad(set_to_none=True)
+        scores = model(ids.to(device), cu_seqlens=cu.to(device), targets=ids.roll(-1, 1).to(
+            device), positions=keep.to(device), bounds=cu.tolist())
+        loss = -scores.logprobs.reshape(-1)[keep.to(device)].float().mean()
+        loss.backward()
+        grads = torch.cat([p.grad.float().reshape(-1) for p in model.parameters()])
+        return float(loss), grads
+
+    worst = 0.0
+    packs = [[70, 95, 110, 64], [88, 120, 71, 90, 101, 66]]
+    for i, lengths in enumerate(packs):
+        loss, grads = step(eager, lengths, i)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            compiled_loss, compiled_grads = step(compiled, lengths, i)
+        cosine = float(torch.nn.functional.cosine_similarity(grads, compiled_grads, dim=0))
+        worst = max(worst, abs(compiled_loss - loss) / max(abs(loss), 1e-9), 1.0 - cosine)
+    seconds = {}
+    for label, model in (("eager", eager), ("compiled", compiled)):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for r in range(repeats):
+            step(model, packs[r % 2], r)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds[label] = time.perf_counter() - start
+    tolerance = 2e-2 if dtype == "bfloat16" else 1e-4
+    return (worst < tolerance,
+            f"worst relative loss gap / (1 - gradient cosine) {worst:.2e} (< {tolerance:g})",
+            seconds["eager"] / seconds["compiled"])
+
+
+EXTRA_CHECKS: list[Callable[[Report, Machine, Path], None]] = [engine_checks, memory_checks,
+                                                               compile_checks]
+"""Further GPU checks (engine replicas and weight sync, the memory plan, torch.compile);
+each gets the report, the machine and a scratch folder."""
 
 
 def main(argv: list[str] | None = None) -> int:
