@@ -299,7 +299,7 @@ def compile_agreement(device: str, dtype: str, repeats: int = 5) -> tuple[bool, 
         loss = -scores.logprobs.reshape(-1)[keep.to(device)].float().mean()
         loss.backward()
         grads = torch.cat([p.grad.float().reshape(-1) for p in model.parameters()])
-        return float(loss), grads
+        return loss.detach().item(), grads
 
     worst = 0.0
     packs = [[70, 95, 110, 64], [88, 120, 71, 90, 101, 66]]
