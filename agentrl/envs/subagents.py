@@ -34,7 +34,7 @@ from typing import Any
 
 import msgspec
 
-from agentrl.envs.tools import BoundTool, ToolSpec, build_spec
+from agentrl.envs.tools import BoundTool, ToolSpec, build_spec, marked_methods
 from agentrl.text import clip, short_repr, valid_utf8
 from agentrl.types import MAIN_THREAD, Message
 
@@ -96,12 +96,8 @@ class BoundSubagent(msgspec.Struct, frozen=True):
 def collect_subagents(obj: Any, tools: dict[str, BoundTool]) -> dict[str, BoundSubagent]:
     """Every ``@subagent`` method of an object, by name; each one's ``tools`` must name
     ``@tool`` or ``@subagent`` methods of the same object."""
-    found: dict[str, BoundSubagent] = {}
-    for klass in reversed(type(obj).__mro__):
-        for attr, value in vars(klass).items():
-            spec = getattr(value, _SUBAGENT_ATTR, None)
-            if isinstance(spec, SubagentSpec):
-                found[spec.tool.name] = BoundSubagent(spec, getattr(obj, attr))
+    found = {spec.tool.name: BoundSubagent(spec, getattr(obj, attr))
+             for attr, spec in marked_methods(type(obj), _SUBAGENT_ATTR, SubagentSpec)}
     for bound in found.values():
         unknown = [t for t in bound.spec.tools if t not in tools and t not in found]
         if unknown:

@@ -23,6 +23,7 @@ with a marker: a tool message can never break the tokenizer or flood the context
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
@@ -151,13 +152,18 @@ class BoundTool(msgspec.Struct, frozen=True):
 
 def collect_tools(obj: Any) -> dict[str, BoundTool]:
     """Every ``@tool`` method of an object, by tool name, in definition order."""
-    found: dict[str, BoundTool] = {}
-    for klass in reversed(type(obj).__mro__):
-        for attr, value in vars(klass).items():
-            spec = getattr(value, _TOOL_ATTR, None)
-            if isinstance(spec, ToolSpec):
-                found[spec.name] = BoundTool(spec, getattr(obj, attr))
-    return found
+    return {spec.name: BoundTool(spec, getattr(obj, attr))
+            for attr, spec in marked_methods(type(obj), _TOOL_ATTR, ToolSpec)}
+
+
+@functools.cache
+def marked_methods(klass: type, marker: str, kind: type) -> tuple[tuple[str, Any], ...]:
+    """(attribute, spec) of every method of ``klass`` that a decorator marked with a
+    ``kind`` spec under ``marker``, base classes first (a later one of the same name
+    wins where callers key them); found once per class (every rollout builds one)."""
+    return tuple((attr, getattr(value, marker)) for base in reversed(klass.__mro__)
+                 for attr, value in vars(base).items()
+                 if isinstance(getattr(value, marker, None), kind))
 
 
 # --------------------------------------------------------------------------- parsing
