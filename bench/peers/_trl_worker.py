@@ -68,10 +68,22 @@ def main() -> None:
     trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=config, tools=tools,
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                           callbacks=[timer])
+    generating = [0.0]  # seconds in TRL's generate-and-score phase of each step
+    generate_and_score = trainer._generate_and_score_completions
+
+    def timed_generation(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return generate_and_score(*args, **kwargs)
+        finally:
+            generating[0] += time.perf_counter() - start
+
+    trainer._generate_and_score_completions = timed_generation
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    print(json.dumps({"train_s": seconds, "steps": spec["steps"], "rewards": timer.rewards,
+    print(json.dumps({"train_s": seconds, "generate_s": generating[0], "steps": spec["steps"],
+                      "rewards": timer.rewards,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,7 +54,7 @@ path = "{model}"
 rollout_batch_size = {prompts}
 n_samples_per_prompt = {samples}
 global_batch_size = {batch}
-max_tokens_per_microbatch = 8192
+max_tokens_per_microbatch = {microbatch_tokens}
 [optim]
 lr = {lr}
 [rollout]
@@ -101,9 +102,10 @@ def run_agentrl(spec: dict, folder: Path) -> dict:
                                     env_toml=env_toml, **spec))
     out = folder / "agentrl-run"
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
+    overrides = [arg for setting in spec["agentrl_set"] for arg in ("--set", setting)]
     done = subprocess.run([sys.executable, "-c", AGENTRL_RUN, "train", str(config), "--out",
-                           str(out)], env=env, cwd=ROOT, check=True, capture_output=True,
-                          text=True)
+                           str(out), *overrides], env=env, cwd=ROOT, check=True,
+                          capture_output=True, text=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "time/generate" in s]
@@ -125,39 +127,64 @@ def run_trl(spec: dict, folder: Path, python: Path) -> dict:
 
 
 def main() -> None:
-    """Run both on the same spec, agentrl first, and print the side-by-side table."""
+    """Run both on the same spec, agentrl first, once per seed, and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 steps of 4 prompts x 4")
     parser.add_argument("--shape", choices=["small", "large"], default="small")
     parser.add_argument("--env", choices=sorted(ENVS), default="countdown",
                         help="calculator: multi-turn, TRL through its tool calling")
     parser.add_argument("--steps", type=int, help="default 20 (small) or 6 (large)")
+    parser.add_argument("--seeds", type=int, default=1, help="runs of each, seeds 0, 1, ...")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--microbatch-tokens", type=int, default=4096,
+                        help="agentrl's batch.max_tokens_per_microbatch (its default)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an agentrl config override (e.g. model.compile=true)")
     parser.add_argument("--trl-venv", type=Path, default=ROOT / ".venv-trl")
     args = parser.parse_args()
     steps = args.steps or {"small": 20, "large": 6}[args.shape]
     prompts, samples, steps = (4, 4, 2) if args.quick else (16, 8, steps)
     spec = {"prompts": prompts, "samples": samples, "steps": steps, "lr": 3e-4,
-            "max_new_tokens": 40, "seed": 0, "threads": args.threads, **ENVS[args.env]}
+            "max_new_tokens": 40, "threads": args.threads, "agentrl_set": args.set,
+            "microbatch_tokens": args.microbatch_tokens, **ENVS[args.env]}
     python = trl_python(args.trl_venv)
     print(f"load before: {os.getloadavg()[0]:.2f}", flush=True)
+    runs = []
     with tempfile.TemporaryDirectory() as tmp:
         spec["model"] = str(SMALL if args.shape == "small"
                             else write_large_checkpoint(Path(tmp) / "large"))
-        ours = run_agentrl(spec, Path(tmp))
-        theirs = run_trl(spec, Path(tmp), python)
+        for seed in range(args.seeds):
+            folder = Path(tmp) / f"seed{seed}"
+            folder.mkdir()
+            runs.append((run_agentrl({**spec, "seed": seed}, folder),
+                         run_trl({**spec, "seed": seed}, folder, python)))
     print(f"load after: {os.getloadavg()[0]:.2f}")
-    ours_rate = 60 * ours["steps"] / ours["step_s"]
-    theirs_rate = 60 * theirs["steps"] / theirs["train_s"]
     model = "quickstart warm start" if args.shape == "small" else "random 8 layers, hidden 512"
     print(f"{args.env}, {prompts} prompts x {samples} samples, {steps} steps, 40 new tokens "
-          f"per turn, {model}")
-    print(f"  agentrl: {ours_rate:.2f} steps/min (generate {ours['generate_s']:.1f} s + train "
-          f"{ours['train_s']:.1f} s of {ours['step_s']:.1f} s; process {ours['wall_s']:.1f} s),"
-          f" peak RSS {ours['peak_rss_mb']:.0f} MB, mean reward {ours['reward']:.3f}")
-    print(f"  TRL:     {theirs_rate:.2f} steps/min (trainer.train() {theirs['train_s']:.1f} s), "
-          f"peak RSS {theirs['peak_rss_mb']:.0f} MB, mean reward {theirs['reward']:.3f}")
-    print(f"  agentrl / TRL steps per minute: {ours_rate / theirs_rate:.2f}x")
+          f"per turn, {model}; agentrl micro-batches of {args.microbatch_tokens} tokens"
+          + "".join(f", {setting}" for setting in args.set))
+    ratios = []
+    for seed, (ours, theirs) in enumerate(runs):
+        ours_rate = 60 * ours["steps"] / ours["step_s"]
+        theirs_rate = 60 * theirs["steps"] / theirs["train_s"]
+        ratios.append(ours_rate / theirs_rate)
+        print(f" seed {seed}\n  agentrl: {ours_rate:.2f} steps/min (generate "
+              f"{ours['generate_s']:.1f} s + train {ours['train_s']:.1f} s of "
+              f"{ours['step_s']:.1f} s; process {ours['wall_s']:.1f} s), peak RSS "
+              f"{ours['peak_rss_mb']:.0f} MB, mean reward {ours['reward']:.3f}")
+        print(f"  TRL:     {theirs_rate:.2f} steps/min (trainer.train() "
+              f"{theirs['train_s']:.1f} s: generate and score {theirs['generate_s']:.1f} s + "
+              f"the rest {theirs['train_s'] - theirs['generate_s']:.1f} s), peak RSS "
+              f"{theirs['peak_rss_mb']:.0f} MB, mean reward {theirs['reward']:.3f}")
+        print(f"  agentrl / TRL steps per minute: {ratios[-1]:.2f}x")
+    if len(runs) > 1:
+        rewards = [[r["reward"] for r in pair] for pair in runs]
+        print(f" over {len(runs)} seeds: agentrl / TRL steps per minute median "
+              f"{statistics.median(ratios):.2f}x (min {min(ratios):.2f}x); mean reward "
+              f"agentrl {statistics.mean(r[0] for r in rewards):.3f} "
+              f"(sd {statistics.stdev(r[0] for r in rewards):.3f}), TRL "
+              f"{statistics.mean(r[1] for r in rewards):.3f} "
+              f"(sd {statistics.stdev(r[1] for r in rewards):.3f})")
 
 
 if __name__ == "__main__":
