@@ -2,8 +2,9 @@
 
 The work of ``time/train`` at the TRL peer's shape (bench/peers/trl_grpo.py): 16 groups ×
 8 samples = 128 rows, each a 64-token prompt shared by its group and 10..40 generated
-tokens, one optimizer update (pack, collate, forward/backward with the token-level loss,
-gradient clipping, AdamW). ``small`` is the quickstart warm start (2 layers, hidden 128);
+tokens, one optimizer update (pack, collate with each group's prompt held once as the
+trainer does on a CPU, or every row whole with ``--no-share``; forward/backward with the
+token-level loss, gradient clipping, AdamW). ``small`` is the quickstart warm start (2 layers, hidden 128);
 ``large`` an 8-layer, 512-hidden decoder of the same vocabulary. Each checkout runs in its
 own process (agentrl imported from that checkout's folder), the two alternating, so both
 see the same machine load; it prints the median seconds per update of each (wall clock
@@ -30,10 +31,14 @@ ROOT = Path(__file__).resolve().parents[1]
 NUM_GROUPS, GROUP_SIZE, PROMPT_TOKENS = 16, 8, 64
 
 
-def worker(model_path: Path, steps: int, threads: int, compile_layers: bool) -> None:
+def worker(model_path: Path, steps: int, threads: int, compile_layers: bool, budget: int,
+           share: bool) -> None:
     """Time ``steps`` updates (after one warm-up) of the checkpoint at ``model_path`` and
     print one JSON line (run in a child whose PYTHONPATH names the checkout to measure; it
-    imports nothing from bench/, which the baseline checkout may lack)."""
+    imports nothing from bench/, which the baseline checkout may lack). ``share``: pack
+    as the trainer does on a CPU, each group's prompt once (where the checkout can)."""
+    import resource
+
     import numpy as np
     import torch
 
@@ -65,10 +70,17 @@ def worker(model_path: Path, steps: int, threads: int, compile_layers: bool) -> 
                             loss_mask=mask, logprobs=[-7.0 * m for m in mask], reward=0.0))
             advantages.append(float(rng.normal()))
     optimizer = build_optimizer(model, OptimConfig(lr=3e-4))
+    try:
+        from agentrl.shared_prefix import packing_units
+    except ImportError:  # a checkout from before shared prefixes
+        share = False
+    units, lengths = (packing_units(rows, range(len(rows)), budget) if share else
+                      ([[i] for i in range(len(rows))], [len(r.token_ids) for r in rows]))
+    shared = {"share_prefixes": True} if share else {}
 
     def update() -> tuple[float, float]:
-        mbs = [collate(rows, advantages, g, 0)
-               for g in pack([len(r.token_ids) for r in rows], 8192)]
+        mbs = [collate(rows, advantages, [i for u in g for i in units[u]], 0, **shared)
+               for g in pack(lengths, budget)]
         optimizer.zero_grad(set_to_none=True)
         stats = forward_backward(model, mbs, LossConfig(), old_is_current=True)
         norm = clip_grad_norm(model, 1.0)
@@ -85,19 +97,20 @@ def worker(model_path: Path, steps: int, threads: int, compile_layers: bool) -> 
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     print(json.dumps({"wall": wall, "cpu": cpu, "loss": first[0], "grad_norm": first[1],
-                      "warmup": warmup,
+                      "warmup": warmup, "shared": share,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "agentrl": str(Path(agentrl.__file__).parents[1])}))
 
 
-def measure(tree: Path, model_path: Path, steps: int, threads: int,
+def measure(tree: Path, model_path: Path, args: argparse.Namespace,
             compile_layers: bool = False) -> dict:
     """One worker process on ``tree``'s agentrl."""
+    steps, threads = args.steps, args.threads
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)}
-    done = subprocess.run([sys.executable, __file__, "--worker", str(model_path), "--steps",
-                           str(steps),
-                           "--threads", str(threads)] + ["--compile"] * compile_layers,
-                          env=env, check=True,
-                          capture_output=True, text=True)
+    command = [sys.executable, __file__, "--worker", str(model_path), "--steps", str(steps),
+               "--threads", str(threads), "--budget", str(args.budget)]
+    command += ["--compile"] * compile_layers + ["--no-share"] * args.no_share
+    done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if Path(result["agentrl"]).resolve() != tree.resolve():
         raise RuntimeError(f"the worker imported agentrl from {result['agentrl']}, not {tree}")
@@ -115,10 +128,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="processes per arm")
     parser.add_argument("--steps", type=int, default=4, help="timed updates per process")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--budget", type=int, default=8192, help="micro-batch tokens")
+    parser.add_argument("--no-share", action="store_true",
+                        help="every row whole (batch.share_prefixes = false)")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.steps, args.threads, args.compile)
+        worker(args.worker, args.steps, args.threads, args.compile, args.budget,
+               not args.no_share)
         return
     if args.compile and args.baseline:
         parser.error("--compile compares this checkout with itself; drop --baseline")
@@ -137,17 +154,18 @@ def main() -> None:
         runs: dict[str, list[dict]] = {name: [] for name in arms}
         for _ in range(args.rounds):
             for name, (tree, compiled) in arms.items():
-                runs[name].append(measure(tree, models[shape], args.steps, args.threads,
-                                          compiled))
+                runs[name].append(measure(tree, models[shape], args, compiled))
         medians = {}
         for name, results in runs.items():
             wall = statistics.median(t for r in results for t in r["wall"])
             cpu = statistics.median(t for r in results for t in r["cpu"])
             warmup = statistics.median(r["warmup"] for r in results)
             medians[name] = (wall, cpu)
+            rss = max(r.get("peak_rss_mb", 0.0) for r in results)
             print(f"  {shape:<5} {name:<8}: {wall:.3f} s/update wall, {cpu:.3f} s CPU, "
-                  f"first update {warmup:.1f} s (loss {results[0]['loss']:.6f}, grad norm "
-                  f"{results[0]['grad_norm']:.6f})")
+                  f"first update {warmup:.1f} s, peak RSS {rss:.0f} MB, shared prompts "
+                  f"{results[0].get('shared', False)} (loss {results[0]['loss']:.6f}, grad "
+                  f"norm {results[0]['grad_norm']:.6f})")
         if len(runs) == 2:
             (before, base), (after, this) = ((n, runs[n][0]) for n in runs)
             print(f"  {shape:<5} {after} / {before} speed-up: "
