@@ -4,12 +4,13 @@ The work of ``time/train`` at the TRL peer's shape (bench/peers/trl_grpo.py): 16
 8 samples = 128 rows, each a 64-token prompt shared by its group and 10..40 generated
 tokens, one optimizer update (pack, collate with each group's prompt held once as the
 trainer does on a CPU, or every row whole with ``--no-share``; forward/backward with the
-token-level loss, gradient clipping, AdamW). ``small`` is the quickstart warm start (2 layers, hidden 128);
-``large`` an 8-layer, 512-hidden decoder of the same vocabulary. Each checkout runs in its
-own process (agentrl imported from that checkout's folder), the two alternating, so both
-see the same machine load; it prints the median seconds per update of each (wall clock
-and CPU time: the machine is shared), the speed-up, and how far the two updates' loss and
-gradient norm differ (the algorithm must not change).
+token-level loss, gradient clipping, AdamW). ``small`` is the quickstart warm start (2
+layers, hidden 128); ``large`` an 8-layer, 512-hidden decoder of the same vocabulary
+(``bench.shapes``). Each arm runs in its own processes (agentrl imported from that arm's
+checkout), the arms alternating so both see the same machine load; it prints the median
+seconds per update of each (wall clock and CPU time: the machine is shared), the peak
+RSS, the speed-up, and how far the two updates' loss and gradient norm differ (the
+algorithm must not change).
 
     python -m bench.train_step --baseline /path/to/main/checkout [--shapes small large]
     python -m bench.train_step --compile [--shapes small large]   # eager vs model.compile
