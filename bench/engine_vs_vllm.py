@@ -7,17 +7,22 @@ peer's batch), ``--tokens`` new tokens per request whatever they are (no EOS sto
 temperature 1 (``--greedy``: 0), all requests submitted at once. ``large`` (default) is a
 random checkpoint of ``bench/train_step.py``'s large shape (8 layers, hidden 512, the
 quickstart model's family and tokenizer); ``small`` the quickstart warm start itself
-(``assets/calc-countdown-sft``). Each engine runs in its own child process, the two
-alternating for ``--rounds`` rounds so both see the same machine load, each with
-``--threads`` compute threads. The built-in engine is built as ``agentrl train`` builds a
-local replica (``agentrl.engines.build.build_torch_replica``, one slot per request), vLLM
-through its offline ``LLM`` API with the settings of ``agentrl.engines.vllm_engine``
-(float32, the sampled token's log-prob, one request per sample) and a KV cache sized for
-every request at once. Prints each engine's median generated tokens per second (wall
-clock, and per CPU second of its processes: the machine may be shared), start-up time
-(load + one short warm-up request, not timed) and peak resident memory, and the
-agentrl / vLLM ratio. vLLM runs in the venv ``bash .ci/vllm`` builds (``--vllm-venv``,
-default ``.venv-vllm``).
+(``assets/calc-countdown-sft``).
+
+Each engine runs in its own child process, the two alternating for ``--rounds`` rounds so
+both see the same machine load, each with ``--threads`` compute threads. The built-in
+engine is built as ``agentrl train`` builds a local replica
+(``agentrl.engines.build.build_torch_replica``, one slot per request). vLLM runs through
+its offline ``LLM`` API with the settings of ``agentrl.engines.vllm_engine`` (float32, the
+sampled token's log-prob, one request per sample), its default torch.compile
+(``--eager``: none), a KV cache for every request at once, and its compute threads bound
+to cores 0..threads-1 with none reserved for its scheduler process (set
+VLLM_CPU_OMP_THREADS_BIND=auto for vLLM's own binding, which keeps one core back).
+
+Prints each engine's median generated tokens per second (wall clock, and per CPU second
+of its processes: the machine may be shared), start-up (load + one short warm-up
+request, not timed), peak resident memory, and the agentrl / vLLM ratios. vLLM runs in
+the venv ``bash .ci/vllm`` builds (``--vllm-venv``, default ``.venv-vllm``).
 
     python bench/engine_vs_vllm.py                  # large shape, 16 x 8 requests, 40 tokens
     python bench/engine_vs_vllm.py --shape small    # the quickstart warm start
@@ -105,7 +110,7 @@ def tree_peak_rss_mb() -> list[float]:
 
 def agentrl_engine(spec: dict):
     """The built-in engine as ``agentrl train`` builds a local replica on the CPU, and a
-    ``generate(requests, warm_up)`` running the requests concurrently."""
+    ``generate(requests, max_tokens)`` running the requests concurrently."""
     import torch
 
     from agentrl.config.load import config_from_dict
@@ -191,10 +196,11 @@ def vllm_python(venv: Path) -> Path:
 def measure(name: str, python: Path, spec: dict) -> dict:
     """One worker process for engine ``name`` on ``spec``; its JSON line."""
     threads = str(spec["threads"])
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": threads,
-           # vLLM's own default binds all cores but one (kept for its scheduler process)
-           "VLLM_CPU_OMP_THREADS_BIND": f"0-{spec['threads'] - 1}",
-           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    # vLLM's own default ("auto") binds its compute threads to all cores but one (kept for
+    # its scheduler process): bind --threads cores instead, unless the caller set these
+    env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{spec['threads'] - 1}",
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", **os.environ, "PYTHONPATH": str(ROOT),
+           "OMP_NUM_THREADS": threads,
            # nothing may be fetched at run time: no hub look-ups, no usage reports
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1"}
