@@ -20,9 +20,10 @@ to cores 0..threads-1 with none reserved for its scheduler process (set
 VLLM_CPU_OMP_THREADS_BIND=auto for vLLM's own binding, which keeps one core back).
 
 Prints each engine's median generated tokens per second (wall clock, and per CPU second
-of its processes: the machine may be shared), start-up (load + one short warm-up
-request, not timed), peak resident memory, and the agentrl / vLLM ratios. vLLM runs in
-the venv ``bash .ci/vllm`` builds (``--vllm-venv``, default ``.venv-vllm``).
+of its processes: the machine may be shared), start-up (load + a warm-up pass over as
+many other prompts, which compiles and sizes caches; not timed), peak resident memory,
+and the agentrl / vLLM ratios. vLLM runs in the venv ``bash .ci/vllm`` builds
+(``--vllm-venv``, default ``.venv-vllm``).
 
     python bench/engine_vs_vllm.py                  # large shape, 16 x 8 requests, 40 tokens
     python bench/engine_vs_vllm.py --shape small    # the quickstart warm start
@@ -167,12 +168,14 @@ def vllm_engine(spec: dict):
 
 
 def worker(name: str, spec: dict) -> None:
-    """Start one engine, warm it up, time one generation of all requests; print JSON."""
+    """Start one engine, warm it up on as many other prompts (compilation, cache
+    allocation), time one generation of all requests; print the result line."""
+    requests, warm_up = ([p for p in spec[key] for _ in range(spec["samples"])]
+                         for key in ("prompts", "warm_up"))
     start = time.perf_counter()
     generate = (agentrl_engine if name == "agentrl" else vllm_engine)(spec)
-    generate([spec["warm_up"]], 4)
+    generate(warm_up, spec["tokens"])
     startup_s = time.perf_counter() - start
-    requests = [p for p in spec["prompts"] for _ in range(spec["samples"])]
     start, start_cpu = time.perf_counter(), tree_cpu_s()
     outputs = generate(requests, spec["tokens"])
     wall, cpu = time.perf_counter() - start, tree_cpu_s() - start_cpu
@@ -262,7 +265,7 @@ def main() -> None:
                 "num_requests": args.prompts * args.samples, "compile": args.compile,
                 "eager": args.eager, "max_len": args.prompt_len + args.tokens + 1,
                 "prompts": make_prompts(args.prompts, args.prompt_len, shape.vocab_size, 0),
-                "warm_up": make_prompts(1, 8, shape.vocab_size, 1)[0]}
+                "warm_up": make_prompts(args.prompts, args.prompt_len, shape.vocab_size, 1)}
         runs: dict[str, list[dict]] = {name: [] for name in ENGINES}
         for _ in range(args.rounds):
             for name in ENGINES:
