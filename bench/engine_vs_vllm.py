@@ -5,8 +5,8 @@ Both generate for the same requests: ``--prompts`` distinct prompts of ``--promp
 random token ids × ``--samples`` samples each (default 16 × 8 = 128 requests, the TRL
 peer's batch), ``--tokens`` new tokens per request whatever they are (no EOS stop),
 temperature 1 (``--greedy``: 0), all requests submitted at once. ``large`` (default) is a
-random checkpoint of ``bench/train_step.py``'s large shape (8 layers, hidden 512, the
-quickstart model's family and tokenizer); ``small`` the quickstart warm start itself
+random checkpoint of ``bench.shapes``' large shape (8 layers, hidden 512, the quickstart
+model's family and tokenizer); ``small`` the quickstart warm start itself
 (``assets/calc-countdown-sft``).
 
 Each engine runs in its own child process, the two alternating for ``--rounds`` rounds so
@@ -25,9 +25,9 @@ many other prompts, which compiles and sizes caches; not timed), peak resident m
 and the agentrl / vLLM ratios. vLLM runs in the venv ``bash .ci/vllm`` builds
 (``--vllm-venv``, default ``.venv-vllm``).
 
-    python bench/engine_vs_vllm.py                  # large shape, 16 x 8 requests, 40 tokens
-    python bench/engine_vs_vllm.py --shape small    # the quickstart warm start
-    python bench/engine_vs_vllm.py --quick          # small, 2 x 2 requests, 8 tokens: runs?
+    python -m bench.engine_vs_vllm                  # large shape, 16 x 8 requests, 40 tokens
+    python -m bench.engine_vs_vllm --shape small    # the quickstart warm start
+    python -m bench.engine_vs_vllm --quick          # small, 2 x 2 requests, 8 tokens: runs?
 
 Note ``uptime`` when you measure.
 """
@@ -39,7 +39,6 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -48,30 +47,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ROOT / "assets" / "calc-countdown-sft"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 ENGINES = ("agentrl", "vllm")
 RESULT = "engine_vs_vllm result: "
 """How a worker's result line starts (vLLM prints to stdout too)."""
 VLLM_BLOCK = 128
 """Tokens per KV block of vLLM's CPU attention (its default there): a request holds whole
 blocks, so the KV cache is sized in them."""
-
-
-def build_large(folder: Path) -> Path:
-    """A random checkpoint of the large shape (seed 0): the quickstart model's family
-    (Qwen2, q/k/v biases, tied embeddings) and tokenizer, ``LARGE``'s sizes."""
-    import msgspec
-
-    from agentrl.model import read_args, save_pretrained
-    from agentrl.model.tiny import init_model
-    from bench.train_step import LARGE
-
-    save_pretrained(init_model(msgspec.structs.replace(read_args(SMALL), **LARGE), seed=0),
-                    folder)
-    for name in TOKENIZER_FILES:
-        shutil.copy(SMALL / name, folder / name)
-    return folder
 
 
 def make_prompts(num_prompts: int, prompt_len: int, vocab_size: int, seed: int) -> list:
@@ -254,11 +235,12 @@ def main() -> None:
     if args.quick:
         args.shape, args.prompts, args.samples, args.tokens, args.rounds = "small", 2, 2, 8, 1
     from agentrl.model import read_args
+    from bench.shapes import SMALL, write_large_checkpoint
 
     pythons = {"agentrl": Path(sys.executable), "vllm": vllm_python(args.vllm_venv)}
     print(f"load before: {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        model = SMALL if args.shape == "small" else build_large(Path(tmp) / "large")
+        model = SMALL if args.shape == "small" else write_large_checkpoint(Path(tmp) / "large")
         shape = read_args(model)
         spec = {"model": str(model), "samples": args.samples, "tokens": args.tokens,
                 "temperature": 0.0 if args.greedy else 1.0, "threads": args.threads,
