@@ -31,6 +31,7 @@ not forward.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -162,7 +163,10 @@ def make(id_or_path: str, **kwargs: Any) -> AgentEnv:
     """Build an environment from a registered id or an import path, with constructor kwargs."""
     target = resolve(id_or_path)
     try:
-        if isinstance(target, str):
+        if isinstance(target, str) and (direct := _agent_env_entry(target)) is not None:
+            cls, registered = direct  # gymnasium.make's spec look-up and wrappers, unwrapped
+            env = cls(**{**registered, **kwargs})  # again, at every rollout: skipped
+        elif isinstance(target, str):
             env = gymnasium.make(target, disable_env_checker=True, **kwargs).unwrapped
         else:
             env = target(**kwargs)
@@ -171,6 +175,22 @@ def make(id_or_path: str, **kwargs: Any) -> AgentEnv:
     if isinstance(env, AgentEnv) and "action_space" not in vars(env):
         raise ValueError(missing_init_message(type(env)))
     return env  # type: ignore[return-value]
+
+
+@functools.cache
+def _agent_env_entry(env_id: str) -> tuple[type[AgentEnv], dict[str, Any]] | None:
+    """The AgentEnv class a registered id builds and its registered kwargs (None when its
+    entry point is anything else: those go through ``gymnasium.make``)."""
+    spec = gymnasium.spec(env_id)
+    entry = spec.entry_point
+    try:
+        creator = gymnasium.envs.registration.load_env_creator(entry) if isinstance(
+            entry, str) else entry
+    except Exception:  # noqa: BLE001 - gymnasium.make reports it as it always has
+        return None
+    if isinstance(creator, type) and issubclass(creator, AgentEnv):
+        return creator, dict(spec.kwargs)
+    return None
 
 
 def load_object(path: str, what: str) -> Any:

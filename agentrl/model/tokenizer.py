@@ -24,6 +24,9 @@ from tokenizers import Tokenizer as RawTokenizer
 from agentrl.types import Message
 
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
+ENCODE_CACHE_TEXTS = 2048
+ENCODE_CACHE_CHARS = 16_384
+"""``Tokenizer.encode`` remembers up to this many texts of up to this many characters."""
 
 
 class Tokenizer:
@@ -52,8 +55,17 @@ class Tokenizer:
         return self.raw.token_to_id(token)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of text; no BOS/EOS is added (templates already carry them)."""
-        return self.raw.encode(text, add_special_tokens=False).ids
+        """Token ids of text; no BOS/EOS is added (templates already carry them). Texts
+        seen lately are not encoded again: a group's rollouts render the same prompt."""
+        cache = self.__dict__.setdefault("_encoded", {})
+        ids = cache.get(text)
+        if ids is None:
+            ids = tuple(self.raw.encode(text, add_special_tokens=False).ids)
+            if len(text) <= ENCODE_CACHE_CHARS:
+                if len(cache) >= ENCODE_CACHE_TEXTS:
+                    cache.clear()
+                cache[text] = ids
+        return list(ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of token ids."""

@@ -109,6 +109,29 @@ def test_encoding_matches_transformers_and_round_trips(pair, text):
     assert ours.decode(ids) == unicodedata.normalize("NFC", text)
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.text(max_size=40), min_size=1, max_size=12))
+def test_remembered_encodings_equal_fresh_ones_and_are_the_callers_own(pair, texts):
+    ours, ref = pair
+    for text in texts + texts:  # the second time from the cache
+        ids = ours.encode(text)
+        assert ids == ref.encode(text, add_special_tokens=False)
+        ids.append(-1)  # a caller's list is its own: the cache is untouched
+        assert ours.encode(text) == ref.encode(text, add_special_tokens=False)
+
+
+def test_the_encoding_cache_stays_bounded(pair, monkeypatch):
+    from agentrl.model import tokenizer as module
+
+    ours, _ = pair
+    monkeypatch.setattr(module, "ENCODE_CACHE_TEXTS", 5)
+    for i in range(23):
+        ours.encode(f"text number {i}")
+    assert 0 < len(ours._encoded) <= 5
+    ours.encode("x" * (module.ENCODE_CACHE_CHARS + 1))
+    assert "x" * (module.ENCODE_CACHE_CHARS + 1) not in ours._encoded
+
+
 def test_special_and_tool_tokens(pair):
     ours, ref = pair
     for token in (*SPECIAL_TOKENS, *TOOL_TOKENS):
