@@ -55,7 +55,6 @@ from agentrl.rollout.health import InvalidRateMonitor, invalid_figures
 from agentrl.shared_prefix import packing_units
 from agentrl.staleness import asynchronous_figures, staleness_figures
 from agentrl.train.checkpoint import TrainerState, save_checkpoint
-from agentrl.train.host_memory import release_host_memory
 from agentrl.train.run import Run
 from agentrl.train.update import (
     UpdateStats,
@@ -143,7 +142,6 @@ def train_step(run: Run, step: int,
         torch.cuda.reset_peak_memory_stats()
     with timer("generate"):
         collection = run.collect(step)
-        release_host_memory()  # what generating freed (the engine's KV cache) leaves
     if health is not None:
         health.observe(step, collection.num_played, collection.invalid,
                        collection.first_errors)
@@ -157,7 +155,6 @@ def train_step(run: Run, step: int,
         sample_figures = run.write_rollout_sample(step, rollouts, rows, advantages)
     with timer("train"):
         updates, figures = run_updates(run, rows, advantages)
-        release_host_memory()  # and what the updates freed (their activations)
     with timer("sync"):
         run.sync_weights(version=step)
     run.record_trained(step, collection.groups)
