@@ -86,8 +86,10 @@ class ModelConfig(_Section):
     pays the compilation, typically tens of seconds; every later pack reuses it. Works
     with FSDP2, activation checkpointing and LoRA training; the same loss and gradients
     as eager to float rounding. A LoRA run's engine replicas stay eager (their adapter
-    versions would recompile at every sync). Off: eager everywhere. Its speed is not
-    measured yet."""
+    versions would recompile at every sync). Off: eager everywhere. Measured on a CPU
+    (`python -m bench.train_step --compile --shapes large`, 8 layers, hidden 512, 128
+    rows): 1.14x per update and 22% less peak memory at 8,192-token micro-batches, no
+    speed-up at 2,048 (11% less memory); the GPU acceptance script prints its figure."""
     lora: LoRAConfig | None = None
     """``[model.lora]``: train low-rank adapters on the frozen base instead of every
     weight (docs/lora.md). None (no section): full fine-tuning."""
