@@ -181,12 +181,15 @@ def test_asynchronous_collection_keeps_snapshots_and_the_kv_cache_resident():
     assert "weight snapshots" not in {t.name for t in plan_memory(process, args, 24).terms}
 
 
-def test_one_rank_accumulates_nothing_unsharded():
+def test_one_rank_accumulates_unsharded_gradients_too_unless_told_otherwise():
     config = load_config(GSM8K)
     args = model_shape(config.model.path)
-    assert "accumulated gradients" not in {t.name for t in plan_memory(config, args, 80).terms}
-    assert "accumulated gradients" in {
-        t.name for t in plan_memory(config, args, 80, num_ranks=2).terms}
+    total = parameter_counts(args)[0]
+    for ranks in (1, 2):  # one rank defers its (local) reduce to the last micro-batch too
+        plan = plan_memory(config, args, 80, num_ranks=ranks)
+        assert _term(plan, "accumulated gradients").bytes == 4 * total
+    per_micro = load_config(GSM8K, ['train.gradient_sync="micro_batch"'])
+    assert "accumulated gradients" not in {t.name for t in plan_memory(per_micro, args, 80).terms}
 
 
 LORA_7B = "configs/countdown_qwen2.5_7b_lora_1gpu.toml"

@@ -460,7 +460,8 @@ class TrainConfig(_Section):
     fp32 gradients: 4 bytes per parameter on every rank, which `agentrl plan` counts);
     "micro_batch", after every micro-batch (gradients stay sharded: less memory, one
     reduce-scatter of the whole model per micro-batch). Same gradient either way. One
-    rank has nothing to communicate and always takes "micro_batch"."""
+    rank too: its reduce sends nothing, yet copies, scales and re-chunks every gradient
+    (13% of an 8-layer CPU step when done at each micro-batch)."""
 
 
 class WandbConfig(_Section):

@@ -295,9 +295,9 @@ def _count(num: int) -> str:
 
 def _gradient_terms(config: Config, total_params: int, num_ranks: int) -> list[MemoryTerm]:
     """train.gradient_sync = "update": until an update's last micro-batch, FSDP2 keeps each
-    parameter's gradient unsharded in fp32 on every rank (no reduce-scatter yet). One
-    rank has nothing to communicate and syncs every micro-batch."""
-    if config.train.gradient_sync != "update" or num_ranks == 1:
+    parameter's gradient unsharded in fp32 on every rank (no reduce-scatter yet), one
+    rank included."""
+    if config.train.gradient_sync != "update":
         return []
     return [MemoryTerm("accumulated gradients", 4 * total_params,
                        f"{_count(total_params)} params × 4 B: unsharded fp32 gradients "

@@ -14,10 +14,10 @@ Three ways to run the environment (``AgentEnv.isolation``):
   of its own (reused from call to call, :mod:`agentrl.rollout.env_threads`). No call ever
   waits for a free worker, so the deadline counts only the call itself (never queueing),
   and a call abandoned at its deadline blocks no one; when it finally returns, its
-  thread closes the instance. A Python-level hang is cut off on
-  time. Code that holds the GIL (C code such as a backtracking regex) stalls the whole
-  process, event loop included: the call is then reported late (``step_timeout`` with its
-  real duration) and ``loop_stall_s`` says how long the loop was frozen.
+  thread closes the instance. A Python-level hang is cut off on time. Code that holds
+  the GIL (C code such as a backtracking regex) stalls the whole process, event loop
+  included: the call is then reported late (``step_timeout`` with its real duration)
+  and ``loop_stall_s`` says how long the loop was frozen.
 - ``"inline"``: the instance lives in this process and each call runs on the event loop
   itself (:class:`InlineCaller`): no hand-off to a thread, for environments whose every
   call is quick pure Python that always returns (task generation and grading, like the
@@ -423,8 +423,8 @@ class InlineCaller(ThreadCaller):
     "inline"``): no thread hand-off per call (tens of microseconds each, more on a busy
     machine), for code whose every call is quick and always returns. A deadline cannot
     cut such a call off: one that passes it is reported when it returns, as code holding
-    the GIL is, and the runner moves that environment's later rollouts to worker
-    processes."""
+    the GIL is (``loop_stall_s``; past a second the runner moves that environment's
+    later rollouts to worker processes)."""
 
     async def _on_thread(self, what: str, fn: Callable, args: tuple, kwargs: dict,
                          timeout_s: float, inline_s: float = 0.0) -> Any:
