@@ -89,7 +89,7 @@ def train(run: Run) -> TrainerState:
     health = InvalidRateMonitor(cfg.max_invalid_fraction)
     profiled: list[dict[str, float]] = []
     # what setup built (modules, model, engine, tokenizer: millions of objects) lives for
-    # the whole run; frozen, the collector's full passes skip it (walking it cost ~80 ms
+    # the whole run; frozen, the collector's full passes skip it (walking it cost ~35 ms
     # per step of the CPU peer bench)
     gc.freeze()
     try:
