@@ -350,11 +350,14 @@ class ThreadCaller:
             if PROFILER.enabled:
                 PROFILER.add("rollout/env", clock["end"] - clock["start"])
             box.append(outcome)
-            try:  # first: a loop frozen by this call sees its result, not its deadline
+            # no longer in flight before anyone hears of the result: a rollout that goes
+            # on to close the instance must find it idle (else the close is deferred to
+            # this thread, and a close that raises would go unseen)
+            self._finished(what, outcome)
+            try:
                 loop.call_soon_threadsafe(_settle, future, outcome)
             except RuntimeError:
                 pass  # the event loop is closed: nobody waits for this call any more
-            self._finished(what, outcome)
             done.set()  # last: a loop waiting inline resumes with nothing left to do here
 
         with self._lock:

@@ -142,3 +142,29 @@ def test_the_built_in_quick_environments_run_inline_and_play_a_step() -> None:
         return result.reward
 
     assert asyncio.run(main()) in (0.0, 1.0)
+
+
+def test_a_call_is_over_before_its_caller_hears_the_result() -> None:
+    # a rollout that closes its instance right after a step must find it idle: a close
+    # deferred to a thread still finishing the step would swallow the close's error.
+    # The thread's bookkeeping is slowed down here, so the order is what is tested
+    class Quick:
+        def step(self) -> str:
+            return "ok"
+
+    async def main() -> list[bool]:
+        caller = ThreadCaller("quick", Quick())
+        finish = caller._finished
+
+        def slow_finish(what, outcome) -> None:
+            time.sleep(0.02)
+            finish(what, outcome)
+
+        caller._finished = slow_finish
+        in_flight = []
+        for _ in range(5):
+            await caller.call("step", (), {}, 5.0)
+            in_flight.append(caller._in_flight)
+        return in_flight
+
+    assert not any(asyncio.run(main()))
