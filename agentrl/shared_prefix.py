@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import msgspec
+import numpy as np
 
 from agentrl.types import Row
 
@@ -43,22 +44,19 @@ def shared_length(rows: Sequence[Row]) -> int:
     with fewer than two rows."""
     if len(rows) < 2:
         return 0
-    first = rows[0].token_ids
-    limit = min(len(r.token_ids) for r in rows)
-    for r in rows:
-        limit = min(limit, _first_generated(r.loss_mask))
-    common = 0
-    while common < limit and all(r.token_ids[common] == first[common] for r in rows[1:]):
-        common += 1
+    limit = min(min(len(r.token_ids), _first_generated(r.loss_mask)) for r in rows)
+    heads = np.array([r.token_ids[:limit] for r in rows])
+    same = (heads == heads[0]).all(axis=0)
+    common = limit if same.all() else int(same.argmin())
     span = common - 1
     return span if span >= MIN_SHARED_TOKENS else 0
 
 
 def _first_generated(mask: Sequence[int]) -> int:
-    for i, m in enumerate(mask):
-        if m:
-            return i
-    return len(mask)
+    try:
+        return list(mask).index(1)
+    except ValueError:
+        return len(mask)
 
 
 def sharing_units(rows: Sequence[Row], indices: Sequence[int]) -> list[list[int]]:

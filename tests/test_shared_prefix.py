@@ -129,13 +129,16 @@ def test_the_shared_span_stops_before_the_first_trained_target() -> None:
 def test_no_trained_target_ever_lies_in_a_shared_span(seed, prompt_len, n) -> None:
     rows = group_rows(random.Random(seed), "g", prompt_len, n)
     span = shared_length(rows)
-    for r in rows:
-        # positions 0 .. span-1 predict tokens 1 .. span: none of them generated
-        assert not any(r.loss_mask[: span + 1]) if span else True
-        assert r.token_ids[:span + 1] == rows[0].token_ids[:span + 1] if span else True
-    segments = pieces(rows, share=True)
-    covered = sorted((p.row, p.start, p.end) for p in segments if p.prefix >= 0 or not span)
-    assert [c[0] for c in covered] == list(range(n))  # every row exactly once past the prefix
+    assert span == 0 or span >= MIN_SHARED_TOKENS
+    for r in rows if span else []:  # nothing shared: nothing to check here
+        # positions 0 .. span-1 predict tokens 1 .. span: none of them generated, and
+        # every row holds the same tokens there
+        assert not any(r.loss_mask[: span + 1])
+        assert r.token_ids[: span + 1] == rows[0].token_ids[: span + 1]
+    own = [p for p in pieces(rows, share=True) if p.prefix >= 0 or span == 0]
+    # every row exactly once, from the span on, to its end
+    assert sorted((p.row, p.start, p.end) for p in own) == [
+        (i, span, len(r.token_ids)) for i, r in enumerate(rows)]
 
 
 def test_a_unit_over_the_budget_is_placed_row_by_row() -> None:

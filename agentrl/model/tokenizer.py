@@ -41,6 +41,8 @@ class Tokenizer:
         pad = self._id_of(self.special_tokens["pad_token"])
         self.pad_token_id = pad if pad is not None else self.eos_token_id
         self.bos_token_id = self._id_of(self.special_tokens["bos_token"])
+        self._encoded: dict[str, tuple[int, ...]] = {}
+        """Recent texts and their ids (``encode``)."""
 
     @property
     def vocab_size(self) -> int:
@@ -57,14 +59,13 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of text; no BOS/EOS is added (templates already carry them). Texts
         seen lately are not encoded again: a group's rollouts render the same prompt."""
-        cache = self.__dict__.setdefault("_encoded", {})
-        ids = cache.get(text)
+        ids = self._encoded.get(text)
         if ids is None:
             ids = tuple(self.raw.encode(text, add_special_tokens=False).ids)
             if len(text) <= ENCODE_CACHE_CHARS:
-                if len(cache) >= ENCODE_CACHE_TEXTS:
-                    cache.clear()
-                cache[text] = ids
+                if len(self._encoded) >= ENCODE_CACHE_TEXTS:
+                    self._encoded.clear()
+                self._encoded[text] = ids
         return list(ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:

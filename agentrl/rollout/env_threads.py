@@ -62,6 +62,10 @@ class ThreadPool:
         self._idle = []
         self._lock = threading.Lock()
 
+    def _idle_count(self) -> int:
+        with self._lock:
+            return len(self._idle)
+
     def give_back(self, worker: _Worker) -> bool:
         """A worker whose job returned: kept for the next call, or told to end."""
         with self._lock:

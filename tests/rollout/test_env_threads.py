@@ -88,8 +88,11 @@ def test_the_pool_keeps_at_most_max_idle_threads() -> None:
     assert pool.started == 3  # all three ran at once: none waited for a free thread
     gate.set()
     assert all(e.wait(5) for e in done)
-    time.sleep(0.1)
-    assert len(pool._idle) == 1
+    deadline = time.monotonic() + 5
+    while pool._idle_count() < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the workers hand themselves back just after their job
+    time.sleep(0.05)
+    assert pool._idle_count() == 1
 
 
 def _call_in_child(queue) -> None:
