@@ -105,6 +105,7 @@ def _train_rank(config: Any, out: Path, resume: bool, checked: bool) -> Any:
     """Join the group, build the run and train it; the final state."""
     from agentrl.config.accounting import describe_plan, plan_batches
     from agentrl.parallel import groups
+    from agentrl.parallel.fsdp import is_sharded
     from agentrl.parallel.timeouts import timeouts
     from agentrl.train.run import build_run
     from agentrl.train.trainer import train
@@ -119,8 +120,10 @@ def _train_rank(config: Any, out: Path, resume: bool, checked: bool) -> Any:
         print(describe_plan(plan_batches(config)))
     if run_.is_main:
         dtype = str(run_.compute_dtype).removeprefix('torch.')
-        print(f"ranks: {run_.world_size} (FSDP2 over {run_.world_size}), compute dtype "
-              f"{dtype}, fp32 master weights")
+        layout = (f"FSDP2 over {run_.world_size}" if is_sharded(run_.model)
+                  else "one rank, not sharded")
+        print(f"ranks: {run_.world_size} ({layout}), compute dtype {dtype}, fp32 master "
+              "weights")
         if config.model.lora is not None:
             from agentrl.model.lora import describe_adapters
 

@@ -38,6 +38,7 @@ from agentrl.config import Config
 from agentrl.engines.build import engine_max_len, max_request_row
 from agentrl.model.args import ModelArgs
 from agentrl.model.lora import adapter_shapes, count_adapter_parameters
+from agentrl.parallel.fsdp import shards
 
 GIB = 1024**3
 MASTER_STATE_BYTES = 16
@@ -210,17 +211,18 @@ def _plan(config: Config, args: ModelArgs, gpu_bytes: float, num_ranks: int) -> 
     other = saved_bytes_per_token(args, b, not checkpointing) + lora_bytes_per_token(
         args, lora, b, not checkpointing)
     adapters = num_adapter_values(args, lora)
+    sharded = shards(num_ranks, mixed_precision=config.model.dtype != "float32")
     terms = [
         *_state_terms(config, total, adapters, b, num_ranks),
-        MemoryTerm("gathered parameters",
-                   b * (root + 2 * layer + 2 * adapters / args.num_hidden_layers),
-                   f"{config.model.dtype} copy of the root unit (embeddings, head) and two "
-                   "layers (computing + prefetched)", "training"),
+        *[MemoryTerm("gathered parameters",
+                     b * (root + 2 * layer + 2 * adapters / args.num_hidden_layers),
+                     f"{config.model.dtype} copy of the root unit (embeddings, head) and "
+                     "two layers (computing + prefetched)", "training")] * sharded,
         MemoryTerm("activations", tokens * per_token,
                    f"{tokens} tokens × {per_token / 1024:.1f} KiB/token, activation "
                    f"checkpointing {'on' if checkpointing else 'off'} ({other / 1024:.1f} "
                    f"KiB/token {'off' if checkpointing else 'on'})", "training"),
-        *_gradient_terms(config, adapters or total, num_ranks),
+        *_gradient_terms(config, adapters or total, num_ranks) * sharded,
         _backward_working_set(args, b, tokens, checkpointing, config.train.logprob_chunk_tokens,
                               root, layer, num_ranks, tokens * per_token, lora),
         *_engine_shares(config, args, gpu_bytes, b),

@@ -12,7 +12,8 @@ reduce-scattered in fp32 and SUMMED (divide factor 1): the loss already divides 
 whole update's token count over all ranks, so a sum gives each token its 1/N weight
 whatever the rank count. With ``train.gradient_sync = "update"`` they are reduce-scattered
 once per update (:func:`set_gradient_sync`): the micro-batches before the last
-accumulate unsharded fp32 gradients, which the memory plan counts.
+accumulate unsharded fp32 gradients, which the memory plan counts. One rank computing in
+fp32 (a CPU run) is not wrapped at all (:func:`shards`).
 
 Loading never materialises the model on every rank: ranks build it on the meta device,
 shard it, and rank 0 alone reads the Hugging Face checkpoint and broadcasts each tensor
@@ -66,14 +67,23 @@ def shard_model(model: nn.Module, compute: torch.dtype | None, device: torch.dev
     return model
 
 
+def shards(num_ranks: int, mixed_precision: bool) -> bool:
+    """Whether the trainer wraps its model in FSDP2: over several ranks, or to compute in
+    another dtype than the stored one (FSDP2's mixed-precision casts). One rank computing
+    in its parameters' own dtype (a CPU run) keeps the model plain: FSDP2 would have no
+    one to share with and still copy every layer's parameters in at each forward and
+    backward, and every gradient out (8 % of an 8-layer CPU update, 65 MB)."""
+    return num_ranks > 1 or mixed_precision
+
+
 def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: torch.dtype,
                  compute: torch.dtype, attention: str, device: torch.device,
                  trained: bool = True,
                  prepare: Callable[[nn.Module], object] | None = None) -> nn.Module:
     """The CausalLM of a Hugging Face folder, sharded over all ranks on ``device``
-    (collective). ``state`` holds the whole checked state dict on rank 0 (read it there
-    first, e.g. with ``groups.run_on_main``) and nothing on the other ranks, which need
-    no copy of the folder but its config.
+    (collective; plain where :func:`shards` says so). ``state`` holds the whole checked
+    state dict on rank 0 (read it there first, e.g. with ``groups.run_on_main``) and
+    nothing on the other ranks, which need no copy of the folder but its config.
 
     Parameters are stored in ``param_dtype`` (fp32 master weights for the policy; the
     compute dtype for a frozen reference, ``trained`` False) and computed in ``compute``.
@@ -91,7 +101,8 @@ def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: 
         prepare(model)
     dtypes = {k: v.dtype for k, v in model.state_dict().items()}
     mixed = any(dtype != compute for dtype in dtypes.values())
-    shard_model(model, compute if mixed else None, device, trained)
+    if shards(get_world_size(), mixed):
+        shard_model(model, compute if mixed else None, device, trained)
     model.to_empty(device=device)
     if args.tie_word_embeddings:  # to_empty gives the head a tensor of its own: re-tie
         model.lm_head.weight = model.model.embed_tokens.weight

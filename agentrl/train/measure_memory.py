@@ -197,12 +197,15 @@ def build_sharded(args: ModelArgs, compute: torch.dtype, device: torch.device,
     master weights, FSDP2-sharded over every rank of the default group (collective),
     computing in ``compute``. Built on the meta device, so no rank holds it whole."""
     from agentrl.model.checkpoint import fresh_inv_freq
-    from agentrl.parallel.fsdp import shard_model
+    from agentrl.parallel.fsdp import shard_model, shards
+    from agentrl.parallel.groups import get_world_size
 
     with torch.device("meta"):
         model = CausalLM(args, attention=attention)
     model = model.to(torch.float32)
-    shard_model(model, None if compute == torch.float32 else compute, device)
+    mixed = compute != torch.float32
+    if shards(get_world_size(), mixed):  # as load_sharded lays out the trainer's policy
+        shard_model(model, compute if mixed else None, device)
     model.to_empty(device=device)
     if args.tie_word_embeddings:  # to_empty gives the head a tensor of its own: re-tie
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -14,7 +14,13 @@ import torch
 
 from agentrl.config import OptimConfig
 from agentrl.parallel import groups
-from agentrl.parallel.fsdp import clip_grad_norm, full_state_dict, load_sharded, shard_model
+from agentrl.parallel.fsdp import (
+    clip_grad_norm,
+    full_state_dict,
+    load_sharded,
+    shard_model,
+    shards,
+)
 from agentrl.train.checkpoint import (
     TrainerState,
     load_training_state,
@@ -52,7 +58,9 @@ def plan_micro_batches_for(rows, chunk: list[int], world: int) -> list[list[list
 
 
 def _first_half(rank: int, run_dir: str, updates: int) -> None:
-    model = shard_model(make_model(seed=0), None, torch.device("cpu"))
+    model = make_model(seed=0)
+    if shards(groups.get_world_size(), mixed_precision=False):  # one rank: plain, as the
+        model = shard_model(model, None, torch.device("cpu"))  # trainer keeps it in fp32
     optimizer = build_optimizer(model, OPTIM)
     for number in range(updates):
         _update(model, optimizer, number)
