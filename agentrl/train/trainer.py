@@ -279,6 +279,9 @@ def run_updates(
             norms.append(clip_grad_norm(run.model, run.config.optim.max_grad_norm))
             lrs.append(run.optimizer.param_groups[0]["lr"])
             why = step_if_finite(run.optimizer, stats[-1], norms[-1])
+            # freed now, not at the next update: they would sit through the next
+            # collection beside the engine's KV cache (one fp32 copy of the model)
+            run.optimizer.zero_grad(set_to_none=True)
         if why is not None:
             skipped += 1
             warnings.warn(f"step {run.state.step + 1}, update {index + 1} of {len(batches)}: "
