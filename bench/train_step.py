@@ -6,11 +6,11 @@ tokens, one optimizer update (pack, collate with each group's prompt held once a
 trainer does on a CPU, or every row whole with ``--no-share``; forward/backward with the
 token-level loss, gradient clipping, AdamW). ``small`` is the quickstart warm start (2
 layers, hidden 128); ``large`` an 8-layer, 512-hidden decoder of the same vocabulary
-(``bench.shapes``). Each arm runs in its own processes (agentrl imported from that arm's
-checkout), the arms alternating so both see the same machine load; it prints the median
-seconds per update of each (wall clock and CPU time: the machine is shared), the peak
-RSS, the speed-up, and how far the two updates' loss and gradient norm differ (the
-algorithm must not change).
+(``bench.shapes``), held as the trainer holds it on one CPU rank. Each arm runs in its
+own processes (agentrl imported from that arm's checkout), the arms alternating so both
+see the same machine load; it prints the median seconds per update of each (wall clock
+and CPU time: the machine is shared), the peak RSS, the speed-up, and how far the two
+updates' loss and gradient norm differ (the algorithm must not change).
 
     python -m bench.train_step --baseline /path/to/main/checkout [--shapes small large]
     python -m bench.train_step --compile [--shapes small large]   # eager vs model.compile
@@ -45,7 +45,6 @@ def worker(model_path: Path, steps: int, threads: int, compile_layers: bool, bud
 
     import agentrl
     from agentrl.config import LossConfig, OptimConfig
-    from agentrl.model import load_pretrained
     from agentrl.packing import collate, pack
     from agentrl.parallel.fsdp import clip_grad_norm
     from agentrl.train.optimizer import build_optimizer
@@ -53,7 +52,7 @@ def worker(model_path: Path, steps: int, threads: int, compile_layers: bool, bud
     from agentrl.types import Row
 
     torch.set_num_threads(threads)
-    model = load_pretrained(model_path, attention="torch")
+    model = trainer_layout(model_path)
     if compile_layers:
         from agentrl.model.compile import compile_model
 
@@ -101,6 +100,21 @@ def worker(model_path: Path, steps: int, threads: int, compile_layers: bool, bud
                       "warmup": warmup, "shared": share,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "agentrl": str(Path(agentrl.__file__).parents[1])}))
+
+
+def trainer_layout(model_path: Path) -> object:
+    """The policy as that checkout's trainer holds it on one CPU rank: through
+    ``load_sharded`` in a process group of one (FSDP2-wrapped or plain, as it decides),
+    fp32 master weights computing in fp32, per-row attention."""
+    import torch
+
+    from agentrl.parallel import groups
+    from agentrl.parallel.fsdp import load_sharded
+    from agentrl.train.run import read_model_state
+
+    groups.init_process_group(600.0)
+    return load_sharded(model_path, read_model_state(model_path), torch.float32,
+                        torch.float32, "torch", torch.device("cpu"))
 
 
 def measure(tree: Path, model_path: Path, args: argparse.Namespace,
