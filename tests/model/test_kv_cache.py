@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentrl.model import load_pretrained
+from agentrl.model.attention import masked_attention
 
 TOL = 1e-5
 
@@ -143,3 +147,20 @@ def test_copy_prefix_gives_another_slot_the_same_cache(model):
     a = model.forward_cached(seq[8:].unsqueeze(0), torch.tensor([0]), cache)
     b = model.forward_cached(seq[8:].unsqueeze(0), torch.tensor([1]), cache)
     assert torch.equal(a, b) and cache.lengths.tolist() == [10, 10]
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 6), kv_heads=st.sampled_from([1, 2, 4]),
+       group=st.sampled_from([1, 2, 3]), keys=st.integers(1, 12), seed=st.integers(0, 99))
+def test_one_query_attention_equals_sdpa(rows, kv_heads, group, keys, seed):
+    """The engine's decode attention (one query per row, grouped matmuls on a CPU) gives
+    SDPA's output, a row that may attend to no key included (zeros, as SDPA gives)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, kv_heads * group, 1, 8, generator=g)
+    k, v = (torch.randn(rows, kv_heads, keys, 8, generator=g) for _ in range(2))
+    mask = torch.rand(rows, 1, 1, keys, generator=g) > 0.4
+    mask[0] = False
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                              enable_gqa=group > 1)
+    torch.testing.assert_close(masked_attention(q, k, v, mask), expected, atol=1e-6, rtol=0)
+    assert not masked_attention(q, k, v, mask)[0].any()
