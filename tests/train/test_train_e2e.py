@@ -303,3 +303,26 @@ def test_kl_to_the_initial_model_enters_the_loss(tmp_path, model_dir) -> None:
         assert torch.equal(tensor, initial[name]), name
     policy = full_state_dict(resumed.model)
     assert any(not torch.equal(t, initial[n]) for n, t in policy.items())
+
+
+def test_a_step_leaves_no_gradients_and_one_rank_trains_an_unwrapped_model(
+        tmp_path, model_dir) -> None:
+    """After a step's update the gradients are freed (they would otherwise sit through
+    the next collection beside the engine's KV cache), the update having moved the
+    weights; one rank computing in fp32 trains the model unwrapped, not FSDP2-sharded."""
+    from agentrl.config import load_config
+    from agentrl.parallel.fsdp import is_sharded
+    from agentrl.train.run import build_run
+    from agentrl.train.trainer import train_step
+
+    _train(tmp_path, model_dir, "base", steps=1)  # writes the config
+    run = build_run(load_config(tmp_path / "base.toml", MIXED), tmp_path / "again")
+    try:
+        assert not is_sharded(run.model)
+        before = {n: p.detach().clone() for n, p in run.model.named_parameters()}
+        metrics = train_step(run, 1)
+    finally:
+        run.close()
+    assert metrics["optim/skipped_updates"] == 0
+    assert any(not torch.equal(p, before[n]) for n, p in run.model.named_parameters())
+    assert all(p.grad is None for p in run.model.parameters())
