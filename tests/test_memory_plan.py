@@ -143,6 +143,23 @@ def _term(plan, name):
     return next(t for t in plan.terms if t.name == name)
 
 
+def test_one_fp32_rank_plans_no_fsdp2_copies():
+    """One rank computing in fp32 trains the model unwrapped: no gathered parameter copies,
+    no unsharded gradient copy beside the model's own; two ranks (or bf16 compute) have
+    both, worked from the parameter counts."""
+    args = KNOWN_SHAPES["Qwen2.5-1.5B"]
+    total, root, layer = parameter_counts(args)
+    fp32 = load_config("configs/countdown_qwen2.5_1.5b.toml", ['model.dtype="float32"'])
+    names = {t.name for t in plan_memory(fp32, args, 80, num_ranks=1).terms}
+    assert not names & {"gathered parameters", "accumulated gradients"}
+    two = plan_memory(fp32, args, 80, num_ranks=2)
+    assert _term(two, "gathered parameters").bytes == 4 * (root + 2 * layer)
+    assert _term(two, "accumulated gradients").bytes == 4 * total
+    bf16 = load_config("configs/countdown_qwen2.5_1.5b.toml", ['model.dtype="bfloat16"'])
+    assert _term(plan_memory(bf16, args, 80, num_ranks=1), "gathered parameters").bytes == (
+        2 * (root + 2 * layer))
+
+
 def test_what_the_plan_used_to_miss_is_counted():
     args = KNOWN_SHAPES["Qwen2.5-7B"]
     total, root, layer = parameter_counts(args)
