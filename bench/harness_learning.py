@@ -11,7 +11,8 @@ the config's header), deterministically (``train.deterministic``), at the config
 the training reward of every step, the mean of the first and last quarter of the steps,
 the wall time and the machine's load (``os.getloadavg``) before and after.
 ``tests/harness/test_train_harness.py`` checks two smaller steps of this config (rows,
-rewards, advantages, weights, versions); whether the reward rises is measured here.
+rewards, advantages, weights, versions), and that the reward rises over the first steps
+of this run (``train``).
 
 Every torch op runs single-threaded (on a small shared machine threads only fight).
 """
@@ -23,6 +24,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,6 +37,19 @@ SETTINGS = ["batch.rollout_batch_size=4", "batch.global_batch_size=16", "optim.w
             "train.deterministic=true", "log.rollouts_every=0", "rollout.max_new_tokens=32",
             "rollout.max_rollout_tokens=96"]
 """The run's overrides of examples/harness/calc_agent.toml."""
+REWARD = "env/calc_agent/reward/mean"
+"""The metric of a step's training reward."""
+
+
+def train(out: Path, num_steps: int, seed: int) -> list[dict[str, Any]]:
+    """Train the example agent ``num_steps`` steps at ``train.seed`` = ``seed`` into the
+    run folder ``out``; the metrics of every step. Run from the repository root: the
+    config names its warm start by its repository path."""
+    settings = [f"train.num_steps={num_steps}", f"train.seed={seed}", *SETTINGS]
+    overrides = [arg for s in settings for arg in ("--set", s)]
+    if main(["train", str(CONFIG), "--out", str(out), *overrides]) != 0:
+        raise RuntimeError(f"agentrl train {CONFIG} failed")
+    return read_metrics(out)
 
 
 def load() -> str:
@@ -55,12 +70,9 @@ def main_bench() -> None:
     os.chdir(ROOT)  # the config names the warm start by its repository path
     print(f"load before: {load()}", flush=True)
     start = time.perf_counter()
-    settings = [f"train.num_steps={args.steps}", f"train.seed={args.seed}", *SETTINGS]
-    overrides = [arg for s in settings for arg in ("--set", s)]
-    assert main(["train", str(CONFIG), "--out", str(out), *overrides]) == 0
+    steps = train(out, args.steps, args.seed)
     seconds = time.perf_counter() - start
-    steps = read_metrics(out)
-    rewards = [s["env/calc_agent/reward/mean"] for s in steps]
+    rewards = [s[REWARD] for s in steps]
     invalid = sum(s["invalid_rate"] for s in steps) / len(steps)
     print("step  reward/mean  rows/rollout")
     for s, reward in zip(steps, rewards, strict=True):
