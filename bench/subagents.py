@@ -56,9 +56,10 @@ only its correct episodes are trained on), so the warm start searches one docume
 RL has the delegation to learn: ``assets/docqa-weak-sft``."""
 VARIANTS = {
     "subagents": [],
-    "alone": ["environments.0.kwargs={delegate=false}"],
+    "alone": ["environments.0.kwargs.delegate=false"],
 }
-"""Each run's overrides of configs/docqa.toml (the environment keeps its name, docqa)."""
+"""Each run's overrides of configs/docqa.toml (the environment keeps its name, docqa); a
+key of ``kwargs`` each, so that a ``--set environments.0.kwargs.KEY=V`` is kept."""
 
 
 def load() -> str:
