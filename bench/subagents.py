@@ -4,7 +4,8 @@
                               [--seeds S ...] [--set K=V] [--out DIR] [--curve PNG]
 
 DocQA (``agentrl/DocQA-v0``) asks for a person's code, written on one page of two
-documents that are each longer than the context window. With subagents
+documents of two pages (~150 tokens a document): a reader's task (~100 tokens) and a whole
+document do not fit the 240-token context window, its task and one page do. With subagents
 (``configs/docqa.toml``) the main thread delegates each document to a reader with a
 context of its own; without (``environments.0.kwargs = {delegate = false}``) it pages
 through the documents itself, under the same ``rollout.max_turns``, token budgets and
@@ -153,7 +154,8 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     ax.set_xlabel("training step (32 rollouts each)")
     ax.set_ylabel("held-out accuracy (greedy)")
     ax.set_ylim(0, 1)
-    ax.set_title("DocQA: two documents, each longer than the context")
+    ax.set_title("DocQA: a reader's task and a whole document\n"
+                 "(~100 + ~150 tokens) do not fit the 240-token context", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -1,4 +1,4 @@
-"""DocQA: a question over several documents, each longer than the context window.
+"""DocQA: a code in several documents; a reader's task plus a whole document overflow the context.
 
 A person's code (four different digits) is written on one page of one of ``num_docs`` documents;
 every document has ``pages_per_doc`` pages of ``page_words`` filler words, and
