@@ -87,6 +87,27 @@ def test_without_subagents_the_turns_reach_only_part_of_the_collection():
     assert 0 < len(rollouts) < 24
 
 
+def test_the_bench_control_gets_the_whole_trees_budget_in_its_one_thread():
+    """bench/subagents.py's control: the main thread alone, in the same context window,
+    with the turns, generated tokens and compactions of the main thread and
+    rollout.max_subagents_per_rollout readers together; under it the scripted policy reads
+    as many pages as it needs and solves every task."""
+    from bench.subagents import variant_overrides
+
+    tree = load_config(DOCQA_CONFIG)
+    config = load_config(DOCQA_CONFIG, variant_overrides("alone"))
+    readers = tree.rollout.max_subagents_per_rollout
+    assert config.rollout.max_turns == (1 + readers) * tree.rollout.max_turns == 15
+    assert config.rollout.max_rollout_tokens == 680 == (
+        tree.rollout.max_rollout_tokens + readers * tree.rollout.max_subagent_tokens)
+    assert config.compaction.max_compactions == (1 + readers) * tree.compaction.max_compactions
+    assert config.compaction.max_context_tokens == tree.compaction.max_context_tokens
+    assert config.environments[0].kwargs == {"delegate": False, "max_turns": 15}
+    assert variant_overrides("subagents") == []
+    rollouts = asyncio.run(play_demonstrations(config, fitted_tokenizer(), 24, seed=0))
+    assert len(rollouts) == 24 and all(not r.threads and r.reward == 1.0 for r in rollouts)
+
+
 def test_the_weaker_demonstrator_searches_document_0_alone_on_the_rest_of_the_tasks():
     """With ``demo_search_share=0`` every demonstration searches document 0 only: the
     correct ones (the only ones trained on) found the code there; the tasks whose code is
