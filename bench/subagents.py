@@ -4,11 +4,15 @@
                               [--seeds S ...] [--set K=V] [--out DIR] [--curve PNG]
 
 DocQA (``agentrl/DocQA-v0``) asks for a person's code, written on one page of two
-documents that are each longer than the context window. With subagents
+documents of two pages (~150 tokens a document): a reader's task (~100 tokens) and a whole
+document do not fit the 240-token context window, its task and one page do. With subagents
 (``configs/docqa.toml``) the main thread delegates each document to a reader with a
-context of its own; without (``environments.0.kwargs = {delegate = false}``) it pages
-through the documents itself, under the same ``rollout.max_turns``, token budgets and
-context window. Steps:
+context of its own; without (``environments.0.kwargs.delegate = false``) it pages through
+the documents itself, in the same context window and with the same total budget: every
+thread of a tree has its own turns, generated tokens and compactions, so the control's
+one thread gets those of the main thread and ``rollout.max_subagents_per_rollout``
+readers together (:func:`variant_overrides`; 15 turns, 680 tokens and 20 compactions under
+``configs/docqa.toml``). Steps:
 
 1. the warm start, unless ``--warm-start DIR`` names one (``assets/docqa-weak-sft`` is the
    shipped one): ``agentrl sft configs/docqa_warmstart.toml`` three times, copy
@@ -17,7 +21,7 @@ context window. Steps:
    ``configs/docqa.toml``'s header);
 2. per seed (``--seeds``), ``agentrl train configs/docqa.toml`` from it, validating on 64
    held-out tasks every ``--eval-every`` steps (greedy), then the same run without
-   subagents (the same rollouts);
+   subagents (the same rollouts, the same total budget);
 3. the held-out accuracy of every run per validation, the gain of each over its start,
    the wall time of each run, the machine's load (``os.getloadavg``) before and after;
    per variant the gains of the seeds, their mean and range; and the curve (``--curve``,
@@ -37,9 +41,11 @@ from typing import Any
 import torch
 
 from agentrl.cli import main
+from agentrl.config import load_config
 from agentrl.observe.writers import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs/docqa.toml"
 COPY_BASE = ["--chat-template", "compact", "--copy-steps", "2500", "--num-steps", "0",
              "--num-demonstrations", "40"]
 """The warm start's first command: a new tiny model, its tokenizer, copy pretraining."""
@@ -54,11 +60,29 @@ WEAKER = ["--num-steps", "40", "--num-demonstrations", "600", "--lr", "1e-3",
 quarter of the tasks and document 0 only on the others (``DocQAEnv.demo_search_share``;
 only its correct episodes are trained on), so the warm start searches one document and
 RL has the delegation to learn: ``assets/docqa-weak-sft``."""
-VARIANTS = {
-    "subagents": [],
-    "alone": ["environments.0.kwargs={delegate=false}"],
-}
-"""Each run's overrides of configs/docqa.toml (the environment keeps its name, docqa)."""
+VARIANTS = ("subagents", "alone")
+"""The runs of each seed: configs/docqa.toml as it is, and the control
+(:func:`variant_overrides`)."""
+
+
+def variant_overrides(name: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """A variant's overrides of configs/docqa.toml, after ``extra`` (the environment keeps
+    its name, docqa). The control reads the pages itself in the same context window, its
+    one thread given what the tree's threads may use together: the turns, generated
+    tokens and compactions of the main thread and of ``rollout.max_subagents_per_rollout``
+    readers (a reader has ``rollout.max_turns`` turns, ``rollout.max_subagent_tokens``
+    tokens and ``compaction.max_compactions`` compactions of its own); the environment's
+    own turn limit (``AgentEnv.max_turns``) is raised to match. Each is one key of
+    ``kwargs``, so that a ``--set environments.0.kwargs.KEY=V`` is kept."""
+    if name == "subagents":
+        return []
+    config = load_config(CONFIG, extra)
+    rollout, readers = config.rollout, config.rollout.max_subagents_per_rollout
+    turns = rollout.max_turns * (1 + readers)
+    tokens = rollout.max_rollout_tokens + readers * rollout.max_subagent_tokens
+    return ["environments.0.kwargs.delegate=false", f"environments.0.kwargs.max_turns={turns}",
+            f"rollout.max_turns={turns}", f"rollout.max_rollout_tokens={tokens}",
+            f"compaction.max_compactions={config.compaction.max_compactions * (1 + readers)}"]
 
 
 def load() -> str:
@@ -86,10 +110,10 @@ def train(name: str, model: Path, out: Path, steps: int, eval_every: int, seed: 
     run_dir = out / f"{name}-seed{seed}"
     overrides = [f'model.path="{model}"', f"train.num_steps={steps}",
                  f"train.eval_every={eval_every}", f"train.seed={seed}", *extra,
-                 *VARIANTS[name]]
+                 *variant_overrides(name, extra)]
     before = load()
     start = time.perf_counter()
-    argv = ["train", str(ROOT / "configs/docqa.toml"), "--out", str(run_dir)]
+    argv = ["train", str(CONFIG), "--out", str(run_dir)]
     assert main(argv + [a for o in overrides for a in ("--set", o)]) == 0
     wall = time.perf_counter() - start
     metrics = read_metrics(run_dir)
@@ -142,7 +166,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     labels = {"subagents": "with subagents (delegate each document)",
-              "alone": "without (main thread reads every page)"}
+              "alone": "without (the main thread reads the pages, same total budget)"}
     colours = {"subagents": "tab:blue", "alone": "tab:orange"}
     for run in runs:
         steps, accuracy = zip(*run["evals"], strict=True)
@@ -152,7 +176,8 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     ax.set_xlabel("training step (32 rollouts each)")
     ax.set_ylabel("held-out accuracy (greedy)")
     ax.set_ylim(0, 1)
-    ax.set_title("DocQA: two documents, each longer than the context")
+    ax.set_title("DocQA: a reader's task and a whole document\n"
+                 "(~100 + ~150 tokens) do not fit the 240-token context", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -1,4 +1,4 @@
-"""DocQA: a question over several documents, each longer than the context window.
+"""DocQA: a code in several documents; a reader's task plus a whole document overflow the context.
 
 A person's code (four different digits) is written on one page of one of ``num_docs`` documents;
 every document has ``pages_per_doc`` pages of ``page_words`` filler words, and
@@ -17,9 +17,10 @@ given: ``AgentEnv.thread_arguments``) and answers ``found #CODE``, or ``none``. 
 solution calls it once per document in one turn (the calls run concurrently) and answers
 with the code one of them found: two main turns, however long the documents. With
 ``delegate=False`` the main thread has ``read(doc, page)`` itself and must page through
-every document in its own turns and context (compaction keeps only the newest page), so
-under the same ``rollout.max_turns`` it can read only part of the collection: the task
-without subagents.
+every document in its own turns and context (compaction keeps only the newest page): the
+task without subagents. Under the same ``rollout.max_turns`` as a thread of the tree (3
+in ``configs/docqa.toml``) it reads only part of the collection; bench/subagents.py's
+control gives its one thread the whole tree's turns, tokens and compactions instead.
 
 :func:`scripted_action` plays either way from what the model sees after compaction (the
 task and the newest tool messages); it is the ``demonstrate`` hook for ``agentrl sft`` and

@@ -10,6 +10,7 @@ import functools
 import msgspec
 import pytest
 
+from agentrl.cli import main
 from agentrl.config import load_config
 from agentrl.model.tiny import tiny_tokenizer
 from agentrl.rollout.demonstrations import play_demonstrations
@@ -86,6 +87,27 @@ def test_without_subagents_the_turns_reach_only_part_of_the_collection():
     assert 0 < len(rollouts) < 24
 
 
+def test_the_bench_control_gets_the_whole_trees_budget_in_its_one_thread():
+    """bench/subagents.py's control: the main thread alone, in the same context window,
+    with the turns, generated tokens and compactions of the main thread and
+    rollout.max_subagents_per_rollout readers together; under it the scripted policy reads
+    as many pages as it needs and solves every task."""
+    from bench.subagents import variant_overrides
+
+    tree = load_config(DOCQA_CONFIG)
+    config = load_config(DOCQA_CONFIG, variant_overrides("alone"))
+    readers = tree.rollout.max_subagents_per_rollout
+    assert config.rollout.max_turns == (1 + readers) * tree.rollout.max_turns == 15
+    assert config.rollout.max_rollout_tokens == 680 == (
+        tree.rollout.max_rollout_tokens + readers * tree.rollout.max_subagent_tokens)
+    assert config.compaction.max_compactions == (1 + readers) * tree.compaction.max_compactions
+    assert config.compaction.max_context_tokens == tree.compaction.max_context_tokens
+    assert config.environments[0].kwargs == {"delegate": False, "max_turns": 15}
+    assert variant_overrides("subagents") == []
+    rollouts = asyncio.run(play_demonstrations(config, fitted_tokenizer(), 24, seed=0))
+    assert len(rollouts) == 24 and all(not r.threads and r.reward == 1.0 for r in rollouts)
+
+
 def test_the_weaker_demonstrator_searches_document_0_alone_on_the_rest_of_the_tasks():
     """With ``demo_search_share=0`` every demonstration searches document 0 only: the
     correct ones (the only ones trained on) found the code there; the tasks whose code is
@@ -113,3 +135,30 @@ def test_the_search_share_is_a_stable_draw_per_task_and_must_be_a_share():
     assert every.demonstrate(every.reset(seed=0)[0]).count("search_document") == 2
     with pytest.raises(ValueError, match="demo_search_share is 1.5; it must be in"):
         DocQAEnv(demo_search_share=1.5)
+
+
+def test_check_env_draws_the_subagent_tree(capsys):
+    """``agentrl check-env`` plays the scripted tree: under the main thread's calls, each
+    reader's thread indented (its task, its reads), the answer it returns to the main
+    thread, then the main thread's answer and the reward."""
+    assert main(["check-env", "agentrl/DocQA-v0", "--episodes", "1", "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    env = DocQAEnv()
+    env.reset(seed=0)
+    code, name, docs = (env.task.answer[k] for k in ("code", "name", "docs"))
+    answers = [f"found #{code}" if any(f"#{code} ." in p for p in pages) else "none"
+               for pages in docs]
+    assert sorted(answers) == [f"found #{code}", "none"]
+    call = out.index('{"name": "search_document", "arguments": {"doc": 1}}')
+    ends = []
+    for doc, answer in enumerate(answers):
+        start = out.index(f"\n  └─ thread {doc + 1} ← search_document(doc={doc})\n"
+                          f"    [user] Find the code of {name} in document {doc}. It has 2 "
+                          "pages.\n    [assistant] <tool_call>\n")
+        read = out.index(f"\n    [tool:read_page] document {doc} page 0 of 2\n", start)
+        ends.append(out.index(f"\n      ↳ returns to thread main: {answer}\n", read))
+        assert call < start
+    results = "".join(f"\n[tool:search_document] {answer}" for answer in answers)
+    final = out.index(f"{results}\n[assistant] <answer>found #{code}</answer>\n")
+    assert ends[0] < ends[1] < final
+    assert "episode 0 (seed 0): reward 1\n" in out and "gymnasium check_env: passed" in out
