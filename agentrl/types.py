@@ -127,7 +127,7 @@ class Compaction(msgspec.Struct, omit_defaults=True):
 
 
 SUBAGENT_FAILURES = ("depth_limit", "count_limit", "max_turns", "max_tokens",
-                     "context_budget", "max_compactions")
+                     "context_budget", "max_compactions", "step_raised")
 """Why a subagent call gave its caller an error result instead of an answer (the
 ``Thread.error_kind`` the caller can recover from; see ``agentrl.rollout.subagents``):
 
@@ -135,10 +135,13 @@ SUBAGENT_FAILURES = ("depth_limit", "count_limit", "max_turns", "max_tokens",
   ``rollout.max_subagents_per_rollout``, so no thread started;
 - ``max_turns``: the thread used its turns without a final reply (it loops);
 - ``max_tokens``: it generated its token budget (``rollout.max_subagent_tokens``);
-- ``context_budget`` / ``max_compactions``: its context could not be compacted further.
+- ``context_budget`` / ``max_compactions``: its context could not be compacted further;
+- ``step_raised``: the thread's environment step raised (the call returned, so the
+  instance is idle and the caller goes on, as after a tool that raised).
 
-An environment or engine failure inside a subagent thread is not among them: it makes the
-whole rollout invalid, and ``Thread.error_kind`` is its invalid kind (``step_raised``, ...).
+Any other environment or engine failure inside a subagent thread is not among them: it
+makes the whole rollout invalid, and ``Thread.error_kind`` is its invalid kind
+(``step_timeout``, ``bad_reward``, ...).
 """
 
 

@@ -163,8 +163,30 @@ def test_limits_and_policy_failures_are_error_results_the_caller_recovers_from(
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_thread_whose_environment_step_raised_gives_its_caller_an_error_result(
+        tokenizer, isolation) -> None:
+    """The readers' thread_step raises: each call returned, so the main thread reads an
+    error result per reader and answers without them; the rollout stays valid (reward 0:
+    no book named), the readers' rows are trained with it, the failures are counted."""
+    source = EnvSource("archive", functools.partial(Archive, fail="raise"), isolation)
+    failures = []
+    rollout = asyncio.run(play_episode(SPEC, source, TextPolicyEngine(tokenizer), tokenizer,
+                                       ROLLOUT, CompactionConfig(),
+                                       lambda spec, error: failures.append(error)))
+    assert rollout.valid and rollout.trainable and rollout.reward == 0.0 and not failures
+    assert [t.error_kind for t in rollout.threads] == ["step_raised"] * 3
+    assert rollout.threads[0].error == (
+        "the subagent delegate (thread 1) gave no answer: its environment step raised "
+        "RuntimeError: the reader's lamp broke.")
+    main_text = tokenizer.decode(rollout.segments[0].token_ids)
+    assert main_text.count("<tool_response>\nError (subagent_step_raised): the subagent "
+                           "delegate") == 3  # one per reader, then the main answer
+    assert {s.thread for s in rollout.segments} == {"main", "1", "2", "3"}
+    assert subagent_figures([rollout])["subagents/failures/step_raised"] == 3.0
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
 @pytest.mark.parametrize(("fail", "kind", "words"), [
-    ("raise", "step_raised", "thread_step() raised RuntimeError: the reader's lamp broke"),
     ("hang", "step_timeout", "thread_step() timed out: no return within 0.5 s"),
     ("reward", "bad_reward", "thread_step() of thread '1' returned reward 1.0; a "
                              "subagent's steps earn nothing"),
