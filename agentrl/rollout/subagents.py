@@ -293,8 +293,9 @@ def _own_code_raised(failure: EnvError) -> bool:
 
 
 def _raised_text(call: SubagentCall, failure: EnvError) -> str:
-    """What the caller reads when the subagent's environment step raised: the exception
-    without the environment's internals (the traceback goes to the rollout log)."""
+    """What the caller reads when the subagent's environment step raised: the exception's
+    type and message (as for a tool that raised, the traceback is not kept; ``agentrl
+    check-env`` prints it)."""
     why = str(failure).split(" raised ", 1)[-1]
     return (f"the subagent {call.name} (thread {call.thread_id}) gave no answer: its "
             f"environment step raised {why}.")
