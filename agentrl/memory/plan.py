@@ -211,18 +211,20 @@ def _plan(config: Config, args: ModelArgs, gpu_bytes: float, num_ranks: int) -> 
     other = saved_bytes_per_token(args, b, not checkpointing) + lora_bytes_per_token(
         args, lora, b, not checkpointing)
     adapters = num_adapter_values(args, lora)
+    # one rank computing in fp32 is not wrapped: no gathered copies, no unsharded gradients
     sharded = shards(num_ranks, mixed_precision=config.model.dtype != "float32")
+    gathered = MemoryTerm("gathered parameters",
+                          b * (root + 2 * layer + 2 * adapters / args.num_hidden_layers),
+                          f"{config.model.dtype} copy of the root unit (embeddings, head) "
+                          "and two layers (computing + prefetched)", "training")
     terms = [
         *_state_terms(config, total, adapters, b, num_ranks),
-        *[MemoryTerm("gathered parameters",
-                     b * (root + 2 * layer + 2 * adapters / args.num_hidden_layers),
-                     f"{config.model.dtype} copy of the root unit (embeddings, head) and "
-                     "two layers (computing + prefetched)", "training")] * sharded,
+        *([gathered] if sharded else []),
         MemoryTerm("activations", tokens * per_token,
                    f"{tokens} tokens × {per_token / 1024:.1f} KiB/token, activation "
                    f"checkpointing {'on' if checkpointing else 'off'} ({other / 1024:.1f} "
                    f"KiB/token {'off' if checkpointing else 'on'})", "training"),
-        *_gradient_terms(config, adapters or total, num_ranks) * sharded,
+        *(_gradient_terms(config, adapters or total, num_ranks) if sharded else []),
         _backward_working_set(args, b, tokens, checkpointing, config.train.logprob_chunk_tokens,
                               root, layer, num_ranks, tokens * per_token, lora),
         *_engine_shares(config, args, gpu_bytes, b),

@@ -194,8 +194,9 @@ def _status_kib(field: str) -> int:
 def build_sharded(args: ModelArgs, compute: torch.dtype, device: torch.device,
                   attention: str = "auto") -> CausalLM:
     """A randomly initialised model of this shape laid out as the trainer's policy: fp32
-    master weights, FSDP2-sharded over every rank of the default group (collective),
-    computing in ``compute``. Built on the meta device, so no rank holds it whole."""
+    master weights, FSDP2-sharded over every rank of the default group (collective; one
+    rank computing in fp32 keeps it unwrapped, as ``parallel.fsdp.shards`` says), computing
+    in ``compute``. Built on the meta device, so no rank holds it whole."""
     from agentrl.model.checkpoint import fresh_inv_freq
     from agentrl.parallel.fsdp import shard_model, shards
     from agentrl.parallel.groups import get_world_size
