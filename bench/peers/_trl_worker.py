@@ -56,7 +56,7 @@ def main() -> None:
         temperature=1.0, beta=0.0, loss_type="dapo", logging_steps=1, save_strategy="no",
         report_to=[], use_cpu=True, seed=spec["seed"], lr_scheduler_type="constant",
         warmup_steps=0, shuffle_dataset=False, dataloader_num_workers=0,
-        max_tool_calling_iterations=spec["max_turns"] - 1,
+        max_tool_calling_iterations=spec["max_turns"] - 1, **spec.get("trl_config", {}),
     )
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     if tools:  # the warm start's template is Qwen2.5's Hermes format, under another name
@@ -84,6 +84,8 @@ def main() -> None:
     seconds = time.perf_counter() - start
     print(json.dumps({"train_s": seconds, "generate_s": generating[0], "steps": spec["steps"],
                       "rewards": timer.rewards,
+                      "precision": {"mixed_precision": trainer.accelerator.mixed_precision,
+                                    "gradient_checkpointing": config.gradient_checkpointing},
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 

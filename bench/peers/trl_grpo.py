@@ -19,6 +19,15 @@ created with ``pip install trl==1.16.0 torch==2.13.0 msgspec gymnasium`` when mi
 ``--shape large`` is ``bench.shapes``' random 8-layer, 512-hidden decoder with the warm
 start's tokenizer: nearly every completion runs the full 40 tokens. Note ``uptime`` when
 you measure.
+
+``--precision`` sets what each side computes in (each run prints what it used):
+``default`` leaves both at their own defaults, which differ on a CPU: agentrl computes
+in float32 there (``model.dtype = "auto"``), while TRL's GRPOConfig turns on bf16 mixed
+precision (autocast; on a CPU with AMX its matmuls run ~7x faster than float32) and
+gradient checkpointing. ``fp32`` and ``bf16`` match them: agentrl ``model.dtype`` float32
+or bfloat16 (fp32 master weights either way), TRL ``bf16`` False or True. TRL keeps its
+gradient checkpointing in every mode: turning it off made TRL slower here (bf16, large
+shape: 102 s against 70 s for 6 steps).
 """
 
 from __future__ import annotations
@@ -74,6 +83,13 @@ id = "{env_id}"
 kwargs = {env_toml}
 """
 
+PRECISIONS = {
+    "default": ([], {}),
+    "fp32": (["model.dtype=float32"], {"bf16": False}),
+    "bf16": (["model.dtype=bfloat16"], {"bf16": True}),
+}
+"""Per ``--precision``: agentrl's config overrides and TRL's GRPOConfig overrides."""
+
 AGENTRL_RUN = """
 import json, resource, sys, time
 from agentrl.cli import main
@@ -107,6 +123,8 @@ def run_agentrl(spec: dict, folder: Path) -> dict:
                            str(out), *overrides], env=env, cwd=ROOT, check=True,
                           capture_output=True, text=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["precision"] = next((line.split(", ", 1)[1] for line in done.stdout.splitlines()
+                                if line.startswith("ranks: ")), "unknown")
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "time/generate" in s]
     step_s = sum(s["time/generate"] + s["time/train"] + s["time/sync"] + s["time/other"]
@@ -126,6 +144,13 @@ def run_trl(spec: dict, folder: Path, python: Path) -> dict:
     return result
 
 
+def trl_precision(used: dict) -> str:
+    """What TRL computed in, as the worker read it from its trainer."""
+    mixed = used["mixed_precision"]
+    return ({"bf16": "bf16 mixed precision (autocast)", "no": "float32"}.get(mixed, mixed)
+            + (", gradient checkpointing" if used["gradient_checkpointing"] else ""))
+
+
 def main() -> None:
     """Run both on the same spec, agentrl first, once per seed, and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -140,12 +165,17 @@ def main() -> None:
                         help="agentrl's batch.max_tokens_per_microbatch (its default)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an agentrl config override (e.g. model.compile=true)")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="default",
+                        help="default: each framework's own (they differ on a CPU); fp32 or "
+                             "bf16: both compute in it")
     parser.add_argument("--trl-venv", type=Path, default=ROOT / ".venv-trl")
     args = parser.parse_args()
     steps = args.steps or {"small": 20, "large": 6}[args.shape]
     prompts, samples, steps = (4, 4, 2) if args.quick else (16, 8, steps)
+    agentrl_set, trl_config = PRECISIONS[args.precision]
     spec = {"prompts": prompts, "samples": samples, "steps": steps, "lr": 3e-4,
-            "max_new_tokens": 40, "threads": args.threads, "agentrl_set": args.set,
+            "max_new_tokens": 40, "threads": args.threads,
+            "agentrl_set": agentrl_set + args.set, "trl_config": trl_config,
             "microbatch_tokens": args.microbatch_tokens, **ENVS[args.env]}
     python = trl_python(args.trl_venv)
     print(f"load before: {os.getloadavg()[0]:.2f}", flush=True)
@@ -162,7 +192,8 @@ def main() -> None:
     model = "quickstart warm start" if args.shape == "small" else "random 8 layers, hidden 512"
     print(f"{args.env}, {prompts} prompts x {samples} samples, {steps} steps, 40 new tokens "
           f"per turn, {model}; agentrl micro-batches of {args.microbatch_tokens} tokens"
-          + "".join(f", {setting}" for setting in args.set))
+          + "".join(f", {setting}" for setting in args.set)
+          + f"; precision {args.precision}")
     ratios = []
     for seed, (ours, theirs) in enumerate(runs):
         ours_rate = 60 * ours["steps"] / ours["step_s"]
@@ -171,11 +202,13 @@ def main() -> None:
         print(f" seed {seed}\n  agentrl: {ours_rate:.2f} steps/min (generate "
               f"{ours['generate_s']:.1f} s + train {ours['train_s']:.1f} s of "
               f"{ours['step_s']:.1f} s; process {ours['wall_s']:.1f} s), peak RSS "
-              f"{ours['peak_rss_mb']:.0f} MB, mean reward {ours['reward']:.3f}")
+              f"{ours['peak_rss_mb']:.0f} MB, mean reward {ours['reward']:.3f}; "
+              f"{ours['precision']}")
         print(f"  TRL:     {theirs_rate:.2f} steps/min (trainer.train() "
               f"{theirs['train_s']:.1f} s: generate and score {theirs['generate_s']:.1f} s + "
               f"the rest {theirs['train_s'] - theirs['generate_s']:.1f} s), peak RSS "
-              f"{theirs['peak_rss_mb']:.0f} MB, mean reward {theirs['reward']:.3f}")
+              f"{theirs['peak_rss_mb']:.0f} MB, mean reward {theirs['reward']:.3f}; "
+              f"{trl_precision(theirs['precision'])}")
         print(f"  agentrl / TRL steps per minute: {ratios[-1]:.2f}x")
     if len(runs) > 1:
         rewards = [[r["reward"] for r in pair] for pair in runs]
