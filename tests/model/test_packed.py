@@ -159,3 +159,26 @@ def test_bucketed_attention_and_its_gradients_match_the_reference():
     assert torch.allclose(out.double(), expected, atol=1e-5)
     for a, t in zip(ours, leaves, strict=True):
         assert torch.allclose(a, t.grad.float(), atol=1e-5)
+
+
+@pytest.mark.parametrize("prefixed", [False, True])
+def test_bf16_attention_on_a_cpu_is_the_float32_attention_rounded(prefixed):
+    """bf16 inputs on a CPU attend in float32 (torch's bf16 SDPA is slower there and
+    rounds its softmax): the output is the float32 result rounded to bf16, and gradients
+    come back in bf16 close to the float32 ones."""
+    lengths, prefix_of = ([6, 4, 4, 3], [-1, 0, 0, 0]) if prefixed else ([5, 9, 2], None)
+    gen = torch.Generator().manual_seed(7)
+    total = sum(lengths)
+    leaves = [torch.randn(total, h, 8, generator=gen) for h in (4, 2, 2)]
+    cu = torch.cumsum(torch.tensor([0, *lengths]), 0)
+    half = [t.bfloat16().requires_grad_() for t in leaves]
+    full = [t.detach().float().requires_grad_() for t in half]
+    out = varlen_attention(*half, cu, max(lengths), "torch", prefix_of=prefix_of)
+    expected = varlen_attention(*full, cu, max(lengths), "torch", prefix_of=prefix_of)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, expected.bfloat16())
+    out.float().square().sum().backward()
+    expected.square().sum().backward()
+    for a, b in zip(half, full, strict=True):
+        assert a.grad.dtype == torch.bfloat16
+        assert torch.allclose(a.grad.float(), b.grad, atol=0.05, rtol=0.05)
