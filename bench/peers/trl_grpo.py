@@ -123,8 +123,8 @@ def run_agentrl(spec: dict, folder: Path) -> dict:
                            str(out), *overrides], env=env, cwd=ROOT, check=True,
                           capture_output=True, text=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    result["precision"] = next((line.split(", ", 1)[1] for line in done.stdout.splitlines()
-                                if line.startswith("ranks: ")), "unknown")
+    result["precision"] = next((line[line.index("compute dtype"):] for line in
+                                done.stdout.splitlines() if "compute dtype" in line), "unknown")
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "time/generate" in s]
     step_s = sum(s["time/generate"] + s["time/train"] + s["time/sync"] + s["time/other"]
