@@ -104,11 +104,18 @@ def test_two_ranks_train_the_same_adapter_as_one(results) -> None:
     one, two = results[1][0]["adapters"], results[2][0]["adapters"]
     start = initial_adapter_state(ARGS, LORA, seed=1)
     assert any(not torch.equal(one[n].float(), start[n]) for n in one if "lora_A" in n)
-    # fp32: float rounding only; bf16 rounds each rank's partial sums differently, and 3
-    # AdamW updates of about lr = 1e-2 each turn that into at most a quarter of one update
-    atol = 1e-5 if results[1][0]["compute"] == "float32" else 5e-3
-    for name, tensor in one.items():
-        torch.testing.assert_close(two[name], tensor, atol=atol, rtol=1e-4, msg=name)
+    if results[1][0]["compute"] == "float32":  # float rounding only
+        for name, tensor in one.items():
+            torch.testing.assert_close(two[name], tensor, atol=1e-5, rtol=1e-4, msg=name)
+        return
+    # bf16 rounds each rank's partial sums differently. AdamW moves an element by about lr
+    # (1e-2) per update whatever its gradient's size, so an element whose gradient is near
+    # zero may move either way: no element may drift by more than one update, and all but
+    # a few must agree to a tenth of one
+    drift = torch.cat([(two[name].float() - tensor.float()).abs().flatten()
+                       for name, tensor in one.items()])
+    assert drift.max() <= 1e-2, float(drift.max())
+    assert (drift > 1e-3).float().mean() <= 0.01, float((drift > 1e-3).float().mean())
 
 
 def test_each_rank_holds_half_of_the_adapters_and_their_adamw_state(results) -> None:
