@@ -132,7 +132,8 @@ def report_shape(name: str, args: ModelArgs, dtype: torch.dtype, num_tokens: int
         row("peak RSS, head (+ its [V, H] grad)", before.head_peak, after.head_peak, MIB,
             "MiB"),
     ]
-    plan_old = saved_bytes_per_token(args, b, checkpointing=False, full_logits=True)
+    plan_old = saved_bytes_per_token(args, b, checkpointing=False, full_logits=True,
+                                     fp32_attention=True)  # measured on the CPU
     plan_new = saved_bytes_per_token(args, b, checkpointing=True)
     agreement = (before.saved.total(depth) / plan_old, after.saved.total(depth) / plan_new)
     lines.append(f"  memory plan's estimate per token: {plan_old / MIB:.3f} MiB -> "

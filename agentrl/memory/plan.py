@@ -116,15 +116,20 @@ class MemoryPlan(msgspec.Struct):
 # --------------------------------------------------------------------------- per token
 
 
-def layer_bytes_per_token(args: ModelArgs, dtype_bytes: int, checkpointing: bool) -> int:
-    """Bytes one decoder layer saves for backward per token (see the module docstring)."""
+def layer_bytes_per_token(args: ModelArgs, dtype_bytes: int, checkpointing: bool,
+                          fp32_attention: bool = False) -> int:
+    """Bytes one decoder layer saves for backward per token (see the module docstring).
+    ``fp32_attention``: attention computes in fp32 over narrower activations (on a CPU,
+    ``agentrl.model.attention.upcast_on_cpu``): it saves fp32 q, k, v and output."""
     b, h, i = dtype_bytes, args.hidden_size, args.intermediate_size
     if checkpointing:
         return b * h
     hq = args.num_attention_heads * args.head_dim
     hkv = args.num_key_value_heads * args.head_dim
     norms = 2 * (4 * h + 4 + 2 * b * h)
-    attention = b * (3 * hq + 2 * hkv) + 4 * args.num_attention_heads
+    # SDPA's q, k, v and output, o_proj's input, the log-sum-exp per head
+    sdpa = 4 if fp32_attention else b
+    attention = sdpa * (2 * hq + 2 * hkv) + b * hq + 4 * args.num_attention_heads
     if args.qk_norm:  # RMSNorm per head of q and k: fp32 copy, 1/rms, normalized
         attention += (4 + b) * (hq + hkv) + 4 * (args.num_attention_heads
                                                   + args.num_key_value_heads)
@@ -145,9 +150,11 @@ def head_bytes_per_token(args: ModelArgs, dtype_bytes: int, full_logits: bool = 
 
 
 def saved_bytes_per_token(args: ModelArgs, dtype_bytes: int, checkpointing: bool,
-                          full_logits: bool = False) -> int:
-    """Autograd state per token of a micro-batch: all layers, rope tables, head and loss."""
-    return (args.num_hidden_layers * layer_bytes_per_token(args, dtype_bytes, checkpointing)
+                          full_logits: bool = False, fp32_attention: bool = False) -> int:
+    """Autograd state per token of a micro-batch: all layers, rope tables, head and loss.
+    ``fp32_attention``: as on a CPU (:func:`layer_bytes_per_token`); the plan is for GPUs."""
+    return (args.num_hidden_layers * layer_bytes_per_token(args, dtype_bytes, checkpointing,
+                                                           fp32_attention)
             + shared_bytes_per_token(args, dtype_bytes)
             + head_bytes_per_token(args, dtype_bytes, full_logits))
 

@@ -254,6 +254,9 @@ class CausalLM(nn.Module):
         self.attention_backend = resolve_backend(attention)
         self.deterministic_attention = False
         """Ask the attention kernels for a deterministic backward (train.deterministic)."""
+        self.compute_dtype: torch.dtype | None = None
+        """Set by ``agentrl.parallel.cast.compute_in``: the dtype forwards compute in while
+        the parameters stay in theirs."""
         self.model = Decoder(config, self.attention_backend)
         self.lm_head = LMHead(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
@@ -269,8 +272,8 @@ class CausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """Dtype of the parameters."""
-        return self.lm_head.weight.dtype
+        """Dtype forwards compute in: the parameters' own, or ``compute_dtype`` when set."""
+        return self.compute_dtype or self.lm_head.weight.dtype
 
     def configure_memory(
         self, activation_checkpointing: bool, logprob_chunk_tokens: int = 1024

@@ -13,7 +13,8 @@ whole update's token count over all ranks, so a sum gives each token its 1/N wei
 whatever the rank count. With ``train.gradient_sync = "update"`` they are reduce-scattered
 once per update (:func:`set_gradient_sync`): the micro-batches before the last
 accumulate unsharded fp32 gradients, which the memory plan counts. One rank computing in
-fp32 (a CPU run) is not wrapped at all (:func:`shards`).
+its parameters' dtype, or one CPU rank in mixed precision, is not wrapped at all
+(:func:`shards`).
 
 Loading never materialises the model on every rank: ranks build it on the meta device,
 shard it, and rank 0 alone reads the Hugging Face checkpoint and broadcasts each tensor
@@ -36,6 +37,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from agentrl.parallel.cast import compute_in
 from agentrl.parallel.groups import broadcast_object, get_rank, get_world_size
 
 
@@ -67,13 +69,15 @@ def shard_model(model: nn.Module, compute: torch.dtype | None, device: torch.dev
     return model
 
 
-def shards(num_ranks: int, mixed_precision: bool) -> bool:
+def shards(num_ranks: int, mixed_precision: bool, on_cpu: bool = False) -> bool:
     """Whether the trainer wraps its model in FSDP2: over several ranks, or to compute in
-    another dtype than the stored one (FSDP2's mixed-precision casts). One rank computing
-    in its parameters' own dtype (a CPU run) keeps the model plain: FSDP2 would have no
+    another dtype than the stored one on a GPU (FSDP2's mixed-precision casts). One rank
+    computing in its parameters' own dtype keeps the model plain: FSDP2 would have no
     one to share with and still copy every layer's parameters in at each forward and
-    backward, and every gradient out (8 % of an 8-layer CPU update, 65 MB)."""
-    return num_ranks > 1 or mixed_precision
+    backward, and every gradient out (8 % of an 8-layer CPU update, 65 MB). One CPU rank
+    in mixed precision stays plain too and casts in each module's forward instead
+    (:mod:`agentrl.parallel.cast`)."""
+    return num_ranks > 1 or (mixed_precision and not on_cpu)
 
 
 def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: torch.dtype,
@@ -101,7 +105,8 @@ def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: 
         prepare(model)
     dtypes = {k: v.dtype for k, v in model.state_dict().items()}
     mixed = any(dtype != compute for dtype in dtypes.values())
-    if shards(get_world_size(), mixed):
+    sharded = shards(get_world_size(), mixed, on_cpu=device.type == "cpu")
+    if sharded:
         shard_model(model, compute if mixed else None, device, trained)
     model.to_empty(device=device)
     if args.tie_word_embeddings:  # to_empty gives the head a tensor of its own: re-tie
@@ -110,6 +115,8 @@ def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: 
     set_model_state_dict(model, state, options=StateDictOptions(
         full_state_dict=True, broadcast_from_rank0=True, strict=False))
     model.inv_freq = fresh_inv_freq(args).to(device)
+    if mixed and not sharded:
+        compute_in(model, compute)
     return model
 
 

@@ -195,9 +195,11 @@ def build_sharded(args: ModelArgs, compute: torch.dtype, device: torch.device,
                   attention: str = "auto") -> CausalLM:
     """A randomly initialised model of this shape laid out as the trainer's policy: fp32
     master weights, FSDP2-sharded over every rank of the default group (collective; one
-    rank computing in fp32 keeps it unwrapped, as ``parallel.fsdp.shards`` says), computing
-    in ``compute``. Built on the meta device, so no rank holds it whole."""
+    rank in fp32, or one CPU rank in mixed precision, keeps it unwrapped, as
+    ``parallel.fsdp.shards`` says), computing in ``compute``. Built on the meta device,
+    so no rank holds it whole."""
     from agentrl.model.checkpoint import fresh_inv_freq
+    from agentrl.parallel.cast import compute_in
     from agentrl.parallel.fsdp import shard_model, shards
     from agentrl.parallel.groups import get_world_size
 
@@ -205,7 +207,8 @@ def build_sharded(args: ModelArgs, compute: torch.dtype, device: torch.device,
         model = CausalLM(args, attention=attention)
     model = model.to(torch.float32)
     mixed = compute != torch.float32
-    if shards(get_world_size(), mixed):  # as load_sharded lays out the trainer's policy
+    sharded = shards(get_world_size(), mixed, on_cpu=device.type == "cpu")
+    if sharded:  # as load_sharded lays out the trainer's policy
         shard_model(model, compute if mixed else None, device)
     model.to_empty(device=device)
     if args.tie_word_embeddings:  # to_empty gives the head a tensor of its own: re-tie
@@ -217,6 +220,8 @@ def build_sharded(args: ModelArgs, compute: torch.dtype, device: torch.device,
             else:
                 param.normal_(0.0, 0.02)
     model.inv_freq = fresh_inv_freq(args).to(device)
+    if mixed and not sharded:
+        compute_in(model, compute)
     return model
 
 

@@ -4,6 +4,8 @@ At lr 3e-6 an update is far below bf16's resolution near typical weights (about 
 0.02), so a model stored and stepped in bf16 loses almost all of it. Here the same five
 updates run three ways on the tiny decoder: fp32 throughout (the reference), FSDP2 with
 bf16 compute over fp32 master weights (what training does), and the old bf16 storage.
+One CPU rank casts in each module's forward instead of FSDP2 (``compute_in``): the same
+arithmetic, checked against FSDP2's.
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ import torch
 
 from agentrl.config import OptimConfig
 from agentrl.parallel import groups
-from agentrl.parallel.fsdp import clip_grad_norm, full_state_dict, is_sharded, shard_model
+from agentrl.parallel.cast import compute_in
+from agentrl.parallel.fsdp import (
+    clip_grad_norm,
+    full_state_dict,
+    is_sharded,
+    shard_model,
+    shards,
+)
 from agentrl.train.optimizer import build_optimizer
 from agentrl.train.update import forward_backward
 from tests.test_update import CFG, make_model, make_rows, micro_batches_for
@@ -73,8 +82,49 @@ def test_weights_stored_and_stepped_in_bf16_lose_the_updates(micro_batches) -> N
     assert kept < 0.5 and cosine < 0.5
 
 
-def test_master_weights_gradients_and_optimizer_state_are_fp32(micro_batches) -> None:
-    model = shard_model(make_model(), torch.bfloat16, torch.device("cpu"))
+def _fsdp2_or_cast(layout: str) -> torch.nn.Module:
+    if layout == "fsdp2":
+        return shard_model(make_model(), torch.bfloat16, torch.device("cpu"))
+    return compute_in(make_model(), torch.bfloat16)
+
+
+def _full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: (p.grad.full_tensor() if is_sharded(model) else p.grad).clone()
+            for n, p in model.named_parameters()}
+
+
+def test_only_a_cpu_rank_alone_in_mixed_precision_casts_without_fsdp2() -> None:
+    assert not shards(1, mixed_precision=True, on_cpu=True)
+    assert shards(1, mixed_precision=True, on_cpu=False)  # one GPU: FSDP2's casts
+    assert shards(2, mixed_precision=True, on_cpu=True) and shards(2, False, on_cpu=True)
+    assert not shards(1, mixed_precision=False)
+
+
+def test_casting_in_each_forward_computes_what_fsdp2_mixed_precision_does(micro_batches):
+    """One micro-batch: the same loss and the same fp32 gradients, bit for bit (the same
+    bf16 copies of the weights meet the same inputs); over several, FSDP2 accumulates its
+    unsharded gradients between syncs in its own way, so they agree to bf16 rounding."""
+    fsdp2, cast = _fsdp2_or_cast("fsdp2"), _fsdp2_or_cast("cast")
+    assert not is_sharded(cast) and cast.dtype == torch.bfloat16
+    one = [forward_backward(m, micro_batches[:1], CFG) for m in (fsdp2, cast)]
+    assert one[0].loss == one[1].loss
+    first = [_full_grads(m) for m in (fsdp2, cast)]
+    for name, grad in first[0].items():
+        assert grad.dtype == first[1][name].dtype == torch.float32
+        assert torch.equal(grad, first[1][name]), name
+    for model in (fsdp2, cast):
+        model.zero_grad(set_to_none=True)
+        forward_backward(model, micro_batches, CFG)
+    both = [_full_grads(m) for m in (fsdp2, cast)]
+    for name, grad in both[0].items():
+        torch.testing.assert_close(both[1][name], grad, atol=1e-3, rtol=1e-2, msg=name)
+    assert all(p.dtype == torch.float32 and "weight" not in vars(m)
+               for m in cast.modules() for p in m.parameters(recurse=False))
+
+
+@pytest.mark.parametrize("layout", ["fsdp2", "cast"])
+def test_master_weights_gradients_and_optimizer_state_are_fp32(micro_batches, layout) -> None:
+    model = _fsdp2_or_cast(layout)
     optimizer = build_optimizer(model, OptimConfig(lr=LR))
     forward_backward(model, micro_batches, CFG)
     optimizer.step()
