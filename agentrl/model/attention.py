@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -180,7 +180,7 @@ def _torch_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     bytes as one call per row (no padding, no index tensors). A row after a shared
     prefix (``prefix_of``) takes the prefix's keys and values before its own, under a
     causal mask aligned to its last key; rows stack when both lengths match."""
-    if upcast_on_cpu(q):
+    if upcast_on_cpu(q):  # once for the pack, not per bucket in _sdpa
         return _torch_per_row(q.float(), k.float(), v.float(), bounds, prefix_of).to(q.dtype)
     lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
     parents = list(prefix_of) if prefix_of else [-1] * len(lengths)
@@ -224,11 +224,7 @@ def length_buckets(lengths: Sequence[int], spans: Sequence[int] | None = None
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal SDPA over dense rows: q [B, H, T, D], k/v [B, KVH, T, D] -> [B, H, T, D]."""
-    if upcast_on_cpu(q):
-        return causal_attention(q.float(), k.float(), v.float()).to(q.dtype)
-    return F.scaled_dot_product_attention(
-        q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
-    )
+    return _sdpa(q, k, v, is_causal=True)
 
 
 def prefixed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -246,11 +242,14 @@ def masked_attention(
     (mask [N, 1, T, S] or broadcastable to it). A query attending to nothing gives 0."""
     if q.shape[-2] == 1 and not q.is_cuda and mask.dim() == 4:
         return _one_query_attention(q, k, v, mask)  # in bf16 too: casting the cache costs more
+    return _sdpa(q, k, v, attn_mask=mask)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **how: Any) -> torch.Tensor:
+    """torch's SDPA with grouped kv heads, in float32 where :func:`upcast_on_cpu` says."""
     if upcast_on_cpu(q):
-        return masked_attention(q.float(), k.float(), v.float(), mask).to(q.dtype)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1]
-    )
+        return _sdpa(q.float(), k.float(), v.float(), **how).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=k.shape[1] != q.shape[1], **how)
 
 
 def _one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

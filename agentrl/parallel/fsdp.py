@@ -80,6 +80,17 @@ def shards(num_ranks: int, mixed_precision: bool, on_cpu: bool = False) -> bool:
     return num_ranks > 1 or (mixed_precision and not on_cpu)
 
 
+def lay_out(model: nn.Module, compute: torch.dtype, mixed: bool, device: torch.device,
+            trained: bool = True) -> None:
+    """Lay a model built on the meta device out as the trainer holds it, before its
+    storage exists: FSDP2 where :func:`shards` says so (computing in ``compute`` when
+    ``mixed``), else plain, casting in each module's forward when ``mixed``."""
+    if shards(get_world_size(), mixed, on_cpu=device.type == "cpu"):
+        shard_model(model, compute if mixed else None, device, trained)
+    elif mixed:
+        compute_in(model, compute)
+
+
 def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: torch.dtype,
                  compute: torch.dtype, attention: str, device: torch.device,
                  trained: bool = True,
@@ -105,9 +116,7 @@ def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: 
         prepare(model)
     dtypes = {k: v.dtype for k, v in model.state_dict().items()}
     mixed = any(dtype != compute for dtype in dtypes.values())
-    sharded = shards(get_world_size(), mixed, on_cpu=device.type == "cpu")
-    if sharded:
-        shard_model(model, compute if mixed else None, device, trained)
+    lay_out(model, compute, mixed, device, trained)
     model.to_empty(device=device)
     if args.tie_word_embeddings:  # to_empty gives the head a tensor of its own: re-tie
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -115,8 +124,6 @@ def load_sharded(path: str | Path, state: dict[str, torch.Tensor], param_dtype: 
     set_model_state_dict(model, state, options=StateDictOptions(
         full_state_dict=True, broadcast_from_rank0=True, strict=False))
     model.inv_freq = fresh_inv_freq(args).to(device)
-    if mixed and not sharded:
-        compute_in(model, compute)
     return model
 
 

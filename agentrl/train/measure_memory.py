@@ -199,17 +199,12 @@ def build_sharded(args: ModelArgs, compute: torch.dtype, device: torch.device,
     ``parallel.fsdp.shards`` says), computing in ``compute``. Built on the meta device,
     so no rank holds it whole."""
     from agentrl.model.checkpoint import fresh_inv_freq
-    from agentrl.parallel.cast import compute_in
-    from agentrl.parallel.fsdp import shard_model, shards
-    from agentrl.parallel.groups import get_world_size
+    from agentrl.parallel.fsdp import lay_out
 
     with torch.device("meta"):
         model = CausalLM(args, attention=attention)
     model = model.to(torch.float32)
-    mixed = compute != torch.float32
-    sharded = shards(get_world_size(), mixed, on_cpu=device.type == "cpu")
-    if sharded:  # as load_sharded lays out the trainer's policy
-        shard_model(model, compute if mixed else None, device)
+    lay_out(model, compute, compute != torch.float32, device)  # as load_sharded does
     model.to_empty(device=device)
     if args.tie_word_embeddings:  # to_empty gives the head a tensor of its own: re-tie
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -220,8 +215,6 @@ def build_sharded(args: ModelArgs, compute: torch.dtype, device: torch.device,
             else:
                 param.normal_(0.0, 0.02)
     model.inv_freq = fresh_inv_freq(args).to(device)
-    if mixed and not sharded:
-        compute_in(model, compute)
     return model
 
 
