@@ -12,6 +12,7 @@ import importlib.util
 import sys
 
 from agentrl.config import ConfigError
+from agentrl.parallel.caches import bound_kernel_caches
 
 COMMANDS = {
     "plan": "agentrl.commands.plan",
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
+    bound_kernel_caches()  # before any command runs a kernel
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)

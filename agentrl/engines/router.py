@@ -14,7 +14,8 @@ version among its replicas.
 Colocated placement: ``release_memory`` puts every replica to sleep (vLLM's sleep mode;
 the built-in engine frees its KV cache) so that training gets the memory back; a sync
 wakes the weights first, and the next generation wakes the rest. Before any wake-up the
-trainer's cached CUDA blocks go back to the driver (``release_cached_memory``).
+trainer's cached CUDA blocks go back to the driver
+(``agentrl.parallel.caches.release_cached_memory``).
 """
 
 from __future__ import annotations
@@ -31,18 +32,10 @@ from agentrl.engines.http import ReplicaUnavailableError
 from agentrl.engines.interface import Generation, NamedTensors, SamplingParams, next_version
 from agentrl.engines.replica_figures import ReplicaFigures
 from agentrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, push_weights
+from agentrl.parallel.caches import release_cached_memory
 
 MAX_REMEMBERED_KEYS = 65536
 """Rollout keys whose replica is remembered (the oldest are forgotten first)."""
-
-
-def release_cached_memory() -> None:
-    """Hand the blocks this process's CUDA allocator caches (the trainer's freed
-    activations and gradients) back to the driver, so a colocated vLLM replica waking up
-    finds them free: vLLM allocates outside torch's cache, and without this the GPU would
-    hold the training peak and the engine's share at once."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
 
 
 class NoReplicaError(RuntimeError):

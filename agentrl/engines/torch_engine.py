@@ -76,6 +76,7 @@ from agentrl.engines.interface import (
 from agentrl.engines.sampling import sample_rows
 from agentrl.engines.slot_table import SlotTable
 from agentrl.observe.profile import section
+from agentrl.parallel.caches import release_cached_memory
 
 
 class TorchEngine:
@@ -238,8 +239,7 @@ class TorchEngine:
         is accepted for symmetry with vLLM, weights stay in place."""
         self._require_idle("sleep")
         self._cache = self._table = None
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release_cached_memory()
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Nothing to do: the next request allocates the KV cache again."""

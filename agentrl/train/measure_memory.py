@@ -28,6 +28,7 @@ from agentrl.loss import entropy, policy_loss, token_logprobs
 from agentrl.model import CausalLM, ModelArgs
 from agentrl.model.model import DecoderLayer
 from agentrl.packing import MicroBatch, collate
+from agentrl.parallel.caches import trim_host_heap
 from agentrl.types import Row
 
 KIB, GIB = 1024, 1024**3
@@ -175,9 +176,8 @@ def saved_bytes_and_peak_rss(model: CausalLM, mb: MicroBatch, chunked_head: bool
 def _return_freed_memory() -> None:
     """Make glibc serve allocations of 64 KiB and up by mmap (returned when freed) and
     trim its heap, so RSS follows the live tensors instead of the allocator's cache."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD (fixed: no dynamic raise)
-    libc.malloc_trim(0)
+    ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD (no dynamic raise)
+    trim_host_heap()
 
 
 def _status_kib(field: str) -> int:

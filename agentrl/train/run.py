@@ -36,6 +36,7 @@ from agentrl.observe.tracking import tracking_writers
 from agentrl.observe.writers import JsonlWriter, MultiWriter, build_writers
 from agentrl.packing import CostModel
 from agentrl.parallel import groups
+from agentrl.parallel.caches import bound_kernel_caches
 from agentrl.parallel.fsdp import compute_dtype, iter_full_parameters, load_sharded
 from agentrl.parallel.timeouts import Timeouts, timeouts
 from agentrl.rollout.build import build_collector, build_engine, build_runner, build_sampler
@@ -257,6 +258,7 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
     With ``resume`` the newest checkpoint in ``run_dir`` provides the weights, optimizer,
     scheduler, sampler, RNG states and counters, so the run continues exactly.
     """
+    bound_kernel_caches()  # before the first oneDNN kernel (agentrl train has done it)
     limits = timeouts(config)
     group = groups.init_process_group(limits.collective_s)
     is_main = groups.get_rank(group) == 0
