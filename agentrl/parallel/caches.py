@@ -16,8 +16,8 @@ each entry held about 0.5 MB (primitive) and 0.35 MB (ideep) on the AMX CPU wher
 measured. With the default 1,024 of each, the 8-layer bf16 peer bench grew by ~70 MB a
 step (1.88 GB after 6 steps). A miss costs a compilation (1 to 2 ms), so the primitive
 cache keeps more: at 32 entries the quickstart model ran 20% slower in bf16, at 256 about
-8% (and the 8-layer bench levels off at 1.45 GB); the ideep cache costs little when the
-primitive cache hits."""
+8%, and the 8-layer bench levels off at 1.44 to 1.46 GB (docs/peers.md); the ideep cache
+costs little when the primitive cache hits."""
 
 
 def bound_kernel_caches() -> None:
