@@ -49,7 +49,6 @@ from agentrl.observe.profile import (
 )
 from agentrl.packing import MicroBatch, collate, copy_to_device, plan_micro_batches
 from agentrl.parallel import groups
-from agentrl.parallel.caches import trim_host_heap
 from agentrl.parallel.fsdp import clip_grad_norm
 from agentrl.reassembler import to_rows
 from agentrl.rollout.health import InvalidRateMonitor, invalid_figures
@@ -299,7 +298,6 @@ def run_updates(
     figures["optim/lr"] = lrs[-1]
     figures["num_micro_batches"] = sum(len(b) for b in batches)
     figures.update(perf_figures(run, rows))
-    trim_host_heap()  # the update's activations and gradients, before the next collection
     return stats, figures
 
 
