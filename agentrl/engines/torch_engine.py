@@ -76,7 +76,7 @@ from agentrl.engines.interface import (
 from agentrl.engines.sampling import sample_rows
 from agentrl.engines.slot_table import SlotTable
 from agentrl.observe.profile import section
-from agentrl.parallel.caches import release_cached_memory
+from agentrl.parallel.caches import release_cached_memory, return_freed_heap
 
 
 class TorchEngine:
@@ -240,6 +240,7 @@ class TorchEngine:
         self._require_idle("sleep")
         self._cache = self._table = None
         release_cached_memory()
+        return_freed_heap()
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Nothing to do: the next request allocates the KV cache again."""

@@ -49,6 +49,7 @@ from agentrl.observe.profile import (
 )
 from agentrl.packing import MicroBatch, collate, copy_to_device, plan_micro_batches
 from agentrl.parallel import groups
+from agentrl.parallel.caches import return_freed_heap
 from agentrl.parallel.fsdp import clip_grad_norm
 from agentrl.reassembler import to_rows
 from agentrl.rollout.health import InvalidRateMonitor, invalid_figures
@@ -298,6 +299,7 @@ def run_updates(
     figures["optim/lr"] = lrs[-1]
     figures["num_micro_batches"] = sum(len(b) for b in batches)
     figures.update(perf_figures(run, rows))
+    return_freed_heap()  # the update's activations, before the next collection
     return stats, figures
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -35,22 +36,27 @@ for length in range(600, 800):  # a micro-batch of each length: forward and both
 print(json.dumps(resident_mib() - start))
 """
 
-FREED_HEAP = RESIDENT + """
-import json, torch
-small = [torch.ones(20_000 + i) for i in range(8_000)]  # ~80 KB each: glibc's heap
+FREED_HEAP = """
+import json, sys, torch
+from agentrl.parallel.caches import return_freed_heap
+count = int(sys.argv[1])
+small = [torch.ones(20_000 + i) for i in range(count)]  # ~80 KB each: glibc's heap
 kept = small[::50]  # a few survivors pin the heap's top: only a trim gives the rest back
 del small
-with open("/proc/self/status") as f:
-    before = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
-print(json.dumps(before - resident_mib()))
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+before = rss()
+returned = return_freed_heap()
+print(json.dumps([returned, before - rss()]))
 """
 
 
-def _run(script: str, **env: str) -> float:
+def _run(script: str, *args: str, **env: str) -> Any:
     clean = {k: v for k, v in os.environ.items() if k not in KERNEL_CACHE_ENTRIES}
-    done = subprocess.run([sys.executable, "-c", script], env={**clean, **env}, check=True,
-                          capture_output=True, text=True, timeout=300)
-    return float(json.loads(done.stdout.strip().splitlines()[-1]))
+    done = subprocess.run([sys.executable, "-c", script, *args], env={**clean, **env},
+                          check=True, capture_output=True, text=True, timeout=300)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_bound_kernel_caches_sets_the_caps_and_keeps_a_users_value(
@@ -73,6 +79,8 @@ def test_bounded_kernel_caches_keep_resident_memory_from_growing_with_new_shapes
     assert bounded < 200, f"resident memory grew {bounded:.0f} MiB with the caches bounded"
 
 
-def test_trim_host_heap_returns_freed_tensors_to_the_system() -> None:
-    returned = _run(FREED_HEAP)  # ~640 MB allocated, 98% of it freed
-    assert returned > 300, f"malloc_trim gave back only {returned:.0f} MiB"
+def test_a_large_freed_heap_goes_back_to_the_system_and_a_small_one_stays() -> None:
+    returned, dropped = _run(FREED_HEAP, "8000")  # ~640 MB allocated, 98% of it freed
+    assert returned and dropped > 300, f"gave back only {dropped:.0f} MiB"
+    returned, dropped = _run(FREED_HEAP, "800")  # ~64 MB freed: kept for the next phase
+    assert not returned and abs(dropped) < 16
