@@ -16,7 +16,7 @@ each entry held about 0.5 MB (primitive) and 0.35 MB (ideep) on the AMX CPU wher
 measured. With the default 1,024 of each, the 8-layer bf16 peer bench grew by ~70 MB a
 step (1.88 GB after 6 steps). A miss costs a compilation (1 to 2 ms), so the primitive
 cache keeps more: at 32 entries the quickstart model ran 20% slower in bf16, at 256 about
-8%, and the 8-layer bench levels off at 1.44 to 1.46 GB (docs/peers.md); the ideep cache
+8%, and the 8-layer bench levels off at 1.45 to 1.46 GB (docs/peers.md); the ideep cache
 costs little when the primitive cache hits."""
 
 
@@ -34,7 +34,7 @@ FREED_HEAP_WORTH_RETURNING = 256 * 2**20
 the pages fault in afresh when the next phase allocates: that cost the quickstart model's
 update 6 to 10% for nothing (its freed heap is 50 to 70 MB, and its peak did not move),
 while at the 8-layer bench (275 to 560 MB freed) returning it kept the bf16 peak at
-1,440 to 1,459 MB instead of 1,568 to 1,719 MB."""
+1,446 to 1,461 MB instead of 1,568 to 1,719 MB."""
 
 
 def return_freed_heap(at_least: int = FREED_HEAP_WORTH_RETURNING) -> bool:
