@@ -68,11 +68,15 @@ def release_cached_memory() -> None:
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _glibc() -> ctypes.CDLL | None:
     try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
         return None
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    return getattr(_glibc(), "malloc_trim", None)
 
 
 class _MallocInfo(ctypes.Structure):
@@ -83,9 +87,8 @@ class _MallocInfo(ctypes.Structure):
 
 def _free_heap_bytes() -> int | None:
     """Bytes freed but kept by glibc's heap (``mallinfo2``); None without glibc 2.33+."""
-    try:
-        info = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
+    info = getattr(_glibc(), "mallinfo2", None)
+    if info is None:
         return None
     info.restype = _MallocInfo
     return int(info().fordblks)
