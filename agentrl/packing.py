@@ -23,7 +23,7 @@ import msgspec
 import numpy as np
 import torch
 
-from agentrl.shared_prefix import pieces
+from agentrl.shared_prefix import Piece, pieces
 from agentrl.staleness import token_versions
 from agentrl.types import Row
 
@@ -244,6 +244,10 @@ class MicroBatch(msgspec.Struct, kw_only=True):
     head_positions: torch.Tensor | None = None
     """[M] int64: flat indices of the positions with loss mask 1, the only ones the LM
     head computes (found on the host: on a GPU a ``nonzero`` waits for queued work)."""
+    head_padding: int = 0
+    """The last ``head_padding`` of ``head_positions``: positions of the padding segment
+    that only round the head's row count up to a repeating shape (``collate``'s
+    ``token_multiple``); the head computes them, and they read 0."""
     bounds: tuple[int, ...] = ()
     """``cu_seqlens`` as host ints: attention and the model's checks read them without
     waiting for the device."""
@@ -300,7 +304,7 @@ def copy_to_device(tensors: Sequence[torch.Tensor], device: torch.device) -> lis
 
 def collate(
     rows: Sequence[Row], advantages: Sequence[float], indices: Sequence[int],
-    trained_version: int | None = None, share_prefixes: bool = False,
+    trained_version: int | None = None, share_prefixes: bool = False, token_multiple: int = 1,
 ) -> MicroBatch:
     """Concatenate ``rows[indices]`` into one MicroBatch (no Python loop over tokens).
 
@@ -310,6 +314,9 @@ def collate(
     are expanded into per-target ``ages``. ``share_prefixes``: rows of one group that
     open with the same prompt hold it once (:mod:`agentrl.shared_prefix`; the model
     must attend with ``prefix_of``, which only the exact per-row attention does).
+    ``token_multiple``: the token count is padded up to a multiple of it with a segment
+    of masked tokens that trains nothing, so that kernels built per shape (oneDNN's, in
+    bf16 on a CPU) repeat from step to step (:func:`agentrl.parallel.caches.token_multiple`).
     """
     if not indices:
         return _empty_micro_batch(trained_version)
@@ -322,17 +329,21 @@ def collate(
                 "log-probs; the three lists must have one entry per token"
             )
     segments = pieces(chosen, share_prefixes)
+    padding, head_padding = shape_padding(chosen, segments, token_multiple)
+    if padding:
+        segments.append(Piece(-1, 0, padding))
     lengths = torch.tensor([p.end - p.start for p in segments], dtype=torch.int64)
     # one list → tensor conversion per segment (in C); everything after is tensor ops
-    ids = torch.cat([torch.tensor(chosen[p.row].token_ids[p.start:p.end], dtype=torch.int64)
+    source = [*chosen, _padding_row(padding)]  # a padding segment names row -1
+    ids = torch.cat([torch.tensor(source[p.row].token_ids[p.start:p.end], dtype=torch.int64)
                      for p in segments])
-    mask = torch.cat([torch.tensor(chosen[p.row].loss_mask[p.start:p.end],
+    mask = torch.cat([torch.tensor(source[p.row].loss_mask[p.start:p.end],
                                    dtype=torch.float32) for p in segments])
-    logprobs = torch.cat([torch.tensor(chosen[p.row].logprobs[p.start:p.end],
+    logprobs = torch.cat([torch.tensor(source[p.row].logprobs[p.start:p.end],
                                        dtype=torch.float32) for p in segments])
-    valid = torch.tensor([float(chosen[p.row].valid) for p in segments])
-    adv = torch.tensor([float(advantages[indices[p.row]]) for p in segments],
-                       dtype=torch.float32)
+    valid = torch.tensor([float(source[p.row].valid) for p in segments])
+    adv = torch.tensor([float(advantages[indices[p.row]]) if p.row >= 0 else 0.0
+                        for p in segments], dtype=torch.float32)
     starts = torch.tensor([p.start for p in segments], dtype=torch.int64)
     total = int(lengths.sum())
     cu = torch.zeros(len(segments) + 1, dtype=torch.int32)
@@ -348,8 +359,8 @@ def collate(
     target_logprobs = torch.roll(logprobs, -1).masked_fill(is_last, 0.0) * target_mask
     ages = None
     if trained_version is not None:
-        versions = torch.cat([token_versions(chosen[p.row].version_runs,
-                                             len(chosen[p.row].token_ids),
+        versions = torch.cat([token_versions(source[p.row].version_runs,
+                                             len(source[p.row].token_ids),
                                              trained_version)[p.start:p.end]
                               for p in segments])
         ages = (trained_version - torch.roll(versions, -1)) * target_mask.long()
@@ -364,12 +375,37 @@ def collate(
         old_logprobs=target_logprobs[None].clone(),
         advantages=(adv[row_of] * target_mask)[None],
         ages=None if ages is None else ages[None],
-        head_positions=target_mask.nonzero().squeeze(-1),
+        head_positions=torch.cat([target_mask.nonzero().squeeze(-1),
+                                  torch.arange(total - padding, total - padding + head_padding)]),
+        head_padding=head_padding,
         bounds=tuple(cu.tolist()),
         prefix_of=prefix_of if any(p >= 0 for p in prefix_of) else (),
         num_rows=len(chosen),
         num_tokens=int(target_mask.sum()),
     )
+
+
+def shape_padding(rows: Sequence[Row], segments: Sequence[Piece], multiple: int
+                  ) -> tuple[int, int]:
+    """(tokens, head positions) of padding that round a micro-batch of ``segments`` to
+    multiples of ``multiple``: its token count, and the count of positions the LM head
+    computes (its generated targets, then that many of the padding's positions, so the
+    padding segment is made long enough to hold them). (0, 0) for a multiple of 1."""
+    if multiple == 1:
+        return 0, 0
+    tokens = sum(p.end - p.start for p in segments)
+    # a segment's position t is trained when token t + 1 was generated and the row is valid
+    heads = sum(sum(rows[p.row].loss_mask[p.start + 1:p.end]) for p in segments
+                if rows[p.row].valid)
+    head_padding = -heads % multiple
+    padding = -tokens % multiple
+    return padding + (multiple if padding < head_padding else 0), head_padding
+
+
+def _padding_row(length: int) -> Row:
+    """``length`` masked tokens (id 0) that train nothing: a micro-batch's padding."""
+    return Row(rollout_id="", group_id="", env="", segment=0, token_ids=[0] * length,
+               loss_mask=[0] * length, logprobs=[0.0] * length, reward=0.0, valid=False)
 
 
 def _empty_micro_batch(trained_version: int | None = None) -> MicroBatch:

@@ -22,6 +22,7 @@ OUT_OF_RANGE = [
     ("batch.global_batch_size", -4, "an integer >= 1"),
     ("batch.num_steps_per_rollout", 0, "an integer >= 1"),
     ("batch.max_tokens_per_microbatch", 0, "an integer >= 1"),
+    ("batch.token_multiple", 0, "an integer >= 1"),
     ("loss.clip_eps_low", 5, "a finite number in [0, 1)"),
     ("loss.clip_eps_low", 1.0, "a finite number in [0, 1)"),
     ("loss.clip_eps_low", -0.1, "a finite number in [0, 1)"),

@@ -124,6 +124,9 @@ def _train_rank(config: Any, out: Path, resume: bool, checked: bool) -> Any:
                   else "one rank, not sharded")
         print(f"ranks: {run_.world_size} ({layout}), compute dtype {dtype}, fp32 master "
               "weights")
+        if run_.token_multiple > 1:
+            print(f"micro-batches: padded to multiples of {run_.token_multiple} tokens, so "
+                  "their kernel shapes repeat (batch.token_multiple)")
         if config.model.lora is not None:
             from agentrl.model.lora import describe_adapters
 

@@ -114,6 +114,14 @@ class BatchConfig(_Section):
     GRPO's short completions. Only with the exact per-row attention (`model.attention`
     "torch", what a CPU runs); torch's varlen and flash-attn kernels compute every row's
     prompt. Changes speed, never the gradient."""
+    token_multiple: PositiveInt | None = None
+    """Each training micro-batch's token count, and the count of positions its LM head
+    computes, are padded up to a multiple of this with masked tokens that train nothing,
+    so that kernels built per shape are reused from step to step instead of built anew
+    for every micro-batch (oneDNN builds one per matmul shape for bf16 on a CPU, 1 to
+    2 ms each). None: 64 where kernels are built per shape (a CPU computing in bf16 or
+    fp16), 1 elsewhere. Padding can take a micro-batch past max_tokens_per_microbatch by
+    up to 2 × token_multiple − 1 tokens. Changes speed, never the gradient."""
 
 
 SEQUENCE_LEVEL_AGGREGATIONS = (

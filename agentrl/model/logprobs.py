@@ -72,6 +72,7 @@ def entropy_from_scaled(z_nv: Tensor, lse_n: Tensor) -> Tensor:
 def chunked_target_logprobs(
     hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk: int,
     with_entropy: bool = True, positions: Tensor | None = None, picked: bool = False,
+    padding: int = 0,
 ) -> TokenScores:
     """Log-prob and entropy of each target from final hidden states, ``chunk`` tokens at
     a time: hidden [..., H], weight (the LM head) [V, H], targets [...] → TokenScores of
@@ -83,7 +84,10 @@ def chunked_target_logprobs(
     agentic rows most tokens are prompts and tool output, which the loss never reads.
     Give them from the host (``MicroBatch.head_positions``): finding them on a GPU
     would wait for the queued forward. ``picked``: ``hidden`` already holds only the
-    positions' rows, [M, H] (the model's last layer computed no others).
+    positions' rows, [M, H] (the model's last layer computed no others). ``padding``:
+    the last ``padding`` positions only round M up to a repeating shape (positions of a
+    micro-batch's padding segment, ``MicroBatch.head_padding``): computed, but they read
+    0 and pass no gradient, so nothing downstream can see a value there.
     """
     if chunk < 1:
         raise ValueError(f"log-prob chunk is {chunk} tokens; train.logprob_chunk_tokens must "
@@ -97,11 +101,14 @@ def chunked_target_logprobs(
     if positions is not None and positions.dim() != 1:
         raise ValueError(f"positions have shape {tuple(positions.shape)}; expected one "
                          "flat index per needed target, [M]")
+    if padding and (positions is None or not 0 <= padding <= positions.shape[0]):
+        raise ValueError(f"padding of {padding} positions needs that many positions to pad "
+                         f"with; got {None if positions is None else positions.shape[0]}")
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     index = None if positions is None else positions.to(hidden.device, non_blocking=True)
     logprobs, entropy = _ChunkedHead.apply(
         flat_hidden, weight, targets.reshape(-1), temperature, chunk, tuple(targets.shape),
-        with_entropy, index, picked,
+        with_entropy, index, picked, padding,
     )
     return TokenScores(logprobs, entropy if with_entropy else None)
 
@@ -111,7 +118,8 @@ class _ChunkedHead(torch.autograd.Function):
     in ``shape`` (the targets' own shape: returned as fresh tensors, never views, which
     FSDP2 wants of a module's outputs). With ``index`` (positions [M]) only those rows are
     computed; the others are 0 and get a zero gradient. ``picked``: hidden holds only
-    those rows already, [M, H] (and so does its gradient).
+    those rows already, [M, H] (and so does its gradient). The last ``padding`` rows of
+    ``index`` are computed but written as 0 and get no gradient.
 
     Saved for backward: the computed rows' hidden states, weight (a parameter), targets
     and logsumexp [M] float32. Backward recomputes each chunk's logits:
@@ -122,7 +130,7 @@ class _ChunkedHead(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
         chunk: int, shape: tuple[int, ...], with_entropy: bool, index: Tensor | None,
-        picked: bool,
+        picked: bool, padding: int = 0,
     ) -> tuple[Tensor, Tensor]:
         make = hidden.new_empty if index is None else hidden.new_zeros
         logprobs_out = make(shape, dtype=torch.float32)
@@ -147,6 +155,11 @@ class _ChunkedHead(torch.autograd.Function):
             if with_entropy:
                 entropy[start:end] = entropy_from_scaled(z, lse_c)
             del z
+        if padding:  # computed only for the shape: never seen downstream
+            logprobs[n - padding:] = 0.0
+            if with_entropy:
+                entropy[n - padding:] = 0.0
+        ctx.padding = padding
         if index is not None:
             logprobs_out.view(-1).index_copy_(0, index, logprobs)
             if with_entropy:
@@ -159,11 +172,13 @@ class _ChunkedHead(torch.autograd.Function):
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, grad_logprobs: Tensor, _grad_entropy: Tensor | None
-    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None, None, None, None]:
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None, None, None, None, None]:
         hidden, weight, targets, lse, index = ctx.saved_tensors
         grad_logprobs = grad_logprobs.reshape(-1)
         if index is not None:
             grad_logprobs = grad_logprobs.index_select(0, index)
+        if ctx.padding:
+            grad_logprobs[grad_logprobs.shape[0] - ctx.padding:] = 0.0
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight: Tensor | None = None
         scale = temperature_scale(ctx.temperature)
@@ -187,7 +202,7 @@ class _ChunkedHead(torch.autograd.Function):
         if grad_hidden is not None and index is not None and ctx.num_rows is not None:
             grad_hidden = grad_hidden.new_zeros(ctx.num_rows, grad_hidden.shape[1]).index_copy_(
                 0, index, grad_hidden)
-        return grad_hidden, grad_weight, None, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None, None
 
 
 def _accumulate(total: Tensor | None, a: Tensor, b: Tensor) -> Tensor:

@@ -232,16 +232,16 @@ class LMHead(nn.Linear):
     def forward(  # type: ignore[override]
         self, hidden: torch.Tensor, targets: torch.Tensor | None = None,
         temperature: float = 1.0, with_entropy: bool = True,
-        positions: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None, padding: int = 0,
     ) -> torch.Tensor | TokenScores:
         """Logits, or TokenScores of ``targets`` [B, T]; with ``positions`` (flat [M])
         ``hidden`` holds only those positions' rows, [M, H] (the decoder's last layer
-        computed no others)."""
+        computed no others), the last ``padding`` of them there only for the shape."""
         if targets is None:
             return F.linear(hidden, self.weight).float()
         return chunked_target_logprobs(hidden, self.weight, targets, temperature,
                                        self.chunk_tokens, with_entropy, positions,
-                                       picked=positions is not None)
+                                       picked=positions is not None, padding=padding)
 
 
 class CausalLM(nn.Module):
@@ -298,13 +298,15 @@ class CausalLM(nn.Module):
         positions: torch.Tensor | None = None,
         bounds: Sequence[int] | None = None,
         prefix_of: Sequence[int] | None = None,
+        head_padding: int = 0,
     ) -> torch.Tensor | TokenScores:
         """Logits [B, T, V] in fp32 for input_ids [B, T]; with ``targets`` [B, T] instead
         ``TokenScores``: log_softmax(logits / temperature)[target] [B, T] in fp32 and the
         entropy [B, T] (no grad; None without ``with_entropy``), without ever holding the
         [T, V] logits (training). ``positions`` (flat indices into [B, T]): the targets
         whose scores are read (the generated tokens); the head runs only there, the rest
-        read 0.
+        read 0. ``head_padding``: the last that many ``positions`` are there only to round
+        their count up to a repeating shape (``MicroBatch.head_padding``); they read 0 too.
 
         With ``cu_seqlens`` (B must be 1) the row holds several rows back to back and
         attention stays inside each; position ids then restart at 0 per row (derived from
@@ -340,7 +342,8 @@ class CausalLM(nn.Module):
         hidden = self._hidden(input_ids, ctx)
         if targets is None:
             return self.lm_head(hidden)
-        return self.lm_head(hidden, targets, temperature, with_entropy, keep)
+        return self.lm_head(hidden, targets, temperature, with_entropy, keep,
+                            head_padding if keep is not None else 0)
 
     def new_kv_cache(self, num_slots: int, max_len: int, capacity: int | None = None
                      ) -> KVCache:

@@ -36,7 +36,7 @@ from agentrl.observe.tracking import tracking_writers
 from agentrl.observe.writers import JsonlWriter, MultiWriter, build_writers
 from agentrl.packing import CostModel
 from agentrl.parallel import groups
-from agentrl.parallel.caches import bound_kernel_caches
+from agentrl.parallel.caches import bound_kernel_caches, token_multiple
 from agentrl.parallel.fsdp import compute_dtype, iter_full_parameters, load_sharded
 from agentrl.parallel.timeouts import Timeouts, timeouts
 from agentrl.rollout.build import build_collector, build_engine, build_runner, build_sampler
@@ -70,6 +70,9 @@ class Run:
     share_prefixes: bool = False
     """Training packs hold a group's shared prompt once (batch.share_prefixes, with the
     exact per-row attention only)."""
+    token_multiple: int = 1
+    """Training micro-batches are padded to multiples of this many tokens
+    (batch.token_multiple, resolved by ``agentrl.parallel.caches.token_multiple``)."""
     process_group: dist.ProcessGroup | None = None
     reference: Any = None
     """Frozen initial model for the KL term (only when loss.kl_coef != 0), sharded."""
@@ -308,6 +311,7 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
               sampler=sampler, optimizer=optimizer, scheduler=scheduler, state=state,
               plan=plan_batches(config), cost=cost, timeouts=limits, compute_dtype=compute,
               share_prefixes=config.batch.share_prefixes and attention == "torch",
+              token_multiple=token_multiple(config.batch.token_multiple, compute, device),
               process_group=group, reference=reference, **main_parts)
     run.first_sync()
     return run

@@ -239,7 +239,8 @@ def micro_batches(run: Run, rows: list[Row], advantages: list[float]) -> list[li
                               ([[i] for i in chunk], [len(rows[i].token_ids) for i in chunk]))
             mine = plan_micro_batches(lengths, budget, run.world_size, run.cost)[run.rank]
             batches.append([collate(rows, advantages, [i for j in mb for i in units[j]],
-                                    run.state.step, share_prefixes=share) for mb in mine])
+                                    run.state.step, share_prefixes=share,
+                                    token_multiple=run.token_multiple) for mb in mine])
     return batches
 
 

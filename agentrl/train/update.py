@@ -79,19 +79,19 @@ def head_positions(mb: MicroBatch) -> Tensor:
 
 
 def target_scores(model: nn.Module, mb: MicroBatch, temperature: float = 1.0,
-                  with_entropy: bool = True, positions: Tensor | None = None) -> TokenScores:
+                  with_entropy: bool = True) -> TokenScores:
     """Log-probs and entropy of the micro-batch's targets under the distribution the
     engine sampled from: logits divided by the rollout temperature, as the engines do
     before reporting log-probs (a temperature of 0, greedy, reports log-probs at
     temperature 1). Without this, ratios are off whenever T != 1. The model computes them
     from its hidden states in chunks (no [T, V] logits), only at the generated tokens
-    (``positions``, from :func:`head_positions`; None: found here): every other position
+    (:func:`head_positions`, with the micro-batch's shape padding): every other position
     reads 0, which nothing downstream reads."""
-    if positions is None:
-        positions = head_positions(mb)
+    padding = mb.head_padding if mb.head_positions is not None else 0
     return model(mb.input_ids, mb.position_ids, mb.cu_seqlens, targets=mb.target_ids,
-                 temperature=temperature, with_entropy=with_entropy, positions=positions,
-                 bounds=mb.bounds or None, prefix_of=mb.prefix_of or None)
+                 temperature=temperature, with_entropy=with_entropy,
+                 positions=head_positions(mb), bounds=mb.bounds or None,
+                 prefix_of=mb.prefix_of or None, head_padding=padding)
 
 
 def forward_backward(

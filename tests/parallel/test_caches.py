@@ -84,3 +84,17 @@ def test_a_large_freed_heap_goes_back_to_the_system_and_a_small_one_stays() -> N
     assert returned and dropped > 300, f"gave back only {dropped:.0f} MiB"
     returned, dropped = _run(FREED_HEAP, "800")  # ~64 MB freed: kept for the next phase
     assert not returned and abs(dropped) < 16
+
+
+def test_micro_batches_are_padded_where_kernels_are_built_per_shape() -> None:
+    import torch
+
+    from agentrl.parallel.caches import REPEATING_TOKEN_MULTIPLE, token_multiple
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert token_multiple(None, torch.bfloat16, cpu) == REPEATING_TOKEN_MULTIPLE
+    assert token_multiple(None, torch.float16, "cpu") == REPEATING_TOKEN_MULTIPLE
+    assert token_multiple(None, torch.float32, cpu) == 1  # MKL: no kernel per shape
+    assert token_multiple(None, torch.bfloat16, gpu) == 1
+    assert token_multiple(8, torch.float32, cpu) == 8  # the configured value wins
+    assert token_multiple(1, torch.bfloat16, cpu) == 1
