@@ -19,7 +19,9 @@ measured. With the default 1,024 of each, the 8-layer bf16 peer bench grew by ~7
 step (1.88 GB after 6 steps). A miss costs a compilation (1 to 2 ms), so the primitive
 cache keeps more: at 32 entries the quickstart model ran 20% slower in bf16, at 256 about
 8%, and the 8-layer bench levels off at 1.45 to 1.46 GB (docs/peers.md); the ideep cache
-costs little when the primitive cache hits."""
+costs little when the primitive cache hits. Since training micro-batches are padded to
+repeating shapes (:func:`token_multiple`) the 256-entry cap costs the quickstart model
+nothing measurable (0.210 against 0.209 s a step uncapped, 20 steps, 50 MB less)."""
 
 
 def bound_kernel_caches() -> None:
