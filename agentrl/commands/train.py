@@ -105,6 +105,7 @@ def _train_rank(config: Any, out: Path, resume: bool, checked: bool) -> Any:
     """Join the group, build the run and train it; the final state."""
     from agentrl.config.accounting import describe_plan, plan_batches
     from agentrl.parallel import groups
+    from agentrl.parallel.cast import bf16_hint
     from agentrl.parallel.fsdp import is_sharded
     from agentrl.parallel.timeouts import timeouts
     from agentrl.train.run import build_run
@@ -124,6 +125,9 @@ def _train_rank(config: Any, out: Path, resume: bool, checked: bool) -> Any:
                   else "one rank, not sharded")
         print(f"ranks: {run_.world_size} ({layout}), compute dtype {dtype}, fp32 master "
               "weights")
+        hint = bf16_hint(config.model.dtype, run_.compute_dtype, groups.local_device())
+        if hint:
+            print(hint)
         if run_.token_multiple > 1:
             print(f"micro-batches: padded to multiples of {run_.token_multiple} tokens, so "
                   "their kernel shapes repeat (batch.token_multiple)")

@@ -45,3 +45,16 @@ def _cast_in(module: nn.Module, _args: Any, names: list[str], dtype: torch.dtype
 def _cast_out(module: nn.Module, _args: Any, _output: Any, names: list[str]) -> None:
     for name in names:
         module.__dict__.pop(name, None)
+
+
+def bf16_hint(configured: str, compute: torch.dtype, device: torch.device) -> str | None:
+    """A line for the run's start when ``model.dtype = "auto"`` chose float32 on a CPU
+    that multiplies bf16 matrices in hardware (AMX tiles), where bf16 trains larger
+    models much faster; None otherwise. "auto" stays float32 on every CPU: the same
+    arithmetic whatever CPU a run lands on."""
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    if configured != "auto" or compute != torch.float32 or device.type != "cpu" or not amx():
+        return None
+    return ("dtype hint: this CPU multiplies bf16 matrices in hardware (AMX); with "
+            "model.dtype = \"bfloat16\" an 8-layer, 512-hidden model trained 1.5x faster "
+            "than in float32 on 2 such cores (docs/peers.md)")

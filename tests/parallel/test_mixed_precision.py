@@ -132,3 +132,19 @@ def test_master_weights_gradients_and_optimizer_state_are_fp32(micro_batches, la
     assert {p.grad.dtype for p in model.parameters()} == {torch.float32}
     assert {v.dtype for s in optimizer.state.values() for k, v in s.items()
             if k != "step"} == {torch.float32}
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_auto_float32_on_a_cpu_with_amx_points_at_bf16(monkeypatch, amx) -> None:
+    from agentrl.parallel.cast import bf16_hint
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    cpu = torch.device("cpu")
+    hint = bf16_hint("auto", torch.float32, cpu)
+    assert (hint is not None) == amx
+    if amx:
+        assert 'model.dtype = "bfloat16"' in hint and "docs/peers.md" in hint
+    # a dtype the user chose, or bf16 already, or a GPU: nothing to suggest
+    assert bf16_hint("float32", torch.float32, cpu) is None
+    assert bf16_hint("auto", torch.bfloat16, torch.device("cuda")) is None
+    assert bf16_hint("bfloat16", torch.bfloat16, cpu) is None
