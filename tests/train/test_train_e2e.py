@@ -250,6 +250,42 @@ def test_shared_prompts_do_not_change_the_update(tmp_path, model_dir) -> None:
     assert _moved(model_dir, a)
 
 
+def test_padding_micro_batches_to_a_token_multiple_does_not_change_the_update(
+        tmp_path, model_dir, capsys, monkeypatch) -> None:
+    # batch.token_multiple pads each micro-batch with masked tokens (on by default on a
+    # CPU in bf16 only): the same update as without it
+    from agentrl.train import trainer
+
+    lengths = []
+
+    def collate(*args, **kwargs):
+        batch = real_collate(*args, **kwargs)
+        lengths.append(batch.input_ids.shape[1])
+        return batch
+
+    real_collate = trainer.collate
+    monkeypatch.setattr(trainer, "collate", collate)
+    plain = _train(tmp_path, model_dir, "plain", steps=1, overrides=MIXED)
+    assert "padded to multiples" not in capsys.readouterr().out  # float32: no padding
+    unpadded = list(lengths)
+    lengths.clear()
+    padded = _train(tmp_path, model_dir, "padded", steps=1,
+                    overrides=["batch.token_multiple=64", *MIXED])
+    assert "padded to multiples of 64 tokens" in capsys.readouterr().out
+    assert lengths and all(n % 64 == 0 for n in lengths)
+    assert any(n % 64 for n in unpadded)  # the padding did something
+    a, b = _weights(plain / "checkpoints" / "step_1"), _weights(padded / "checkpoints" /
+                                                               "step_1")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4)
+    first, second = _metrics(plain)[0], _metrics(padded)[0]
+    assert first["reward/mean"] == second["reward/mean"]
+    assert first["loss/policy_loss"] == pytest.approx(second["loss/policy_loss"], abs=1e-6)
+    assert _moved(model_dir, b)
+    _train(tmp_path, model_dir, "bf16", steps=1, overrides=["model.dtype=bfloat16", *MIXED])
+    assert "padded to multiples of 64 tokens" in capsys.readouterr().out  # the CPU default
+
+
 def test_two_data_parallel_ranks_train_the_same_weights(tmp_path, model_dir) -> None:
     # rank 0 collects and broadcasts; each rank trains on its share of the rows; the
     # token count and gradients are summed over ranks, so the weights equal one process's
