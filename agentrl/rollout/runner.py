@@ -102,7 +102,10 @@ class RolloutRunner:
         self.sampler = sampler
         self.make_env = make_env
         self.envs = {e.display_name(): e for e in config.environments}
-        self._limit = asyncio.Semaphore(config.rollout.max_concurrent_rollouts)
+        self._limits: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        """rollout.max_concurrent_rollouts, one semaphore per event loop: a semaphore that
+        ever made a rollout wait belongs to that loop, and a runner may collect under
+        several (each ``asyncio.run`` is a new loop)."""
         self.log = InvalidLog()
         self.costs: dict[str, PlayedCosts] = {}
         """What this collection's rollouts used so far, per environment."""
@@ -131,8 +134,17 @@ class RolloutRunner:
         ))
         return Group(group_id, env_name, list(rollouts), task_seed=task_seed)
 
+    def _limit(self) -> asyncio.Semaphore:
+        """The running loop's semaphore over concurrent rollouts (made on first use; the
+        loops that ended are forgotten)."""
+        loop = asyncio.get_running_loop()
+        if loop not in self._limits:
+            self._limits = {old: sem for old, sem in self._limits.items() if not old.is_closed()}
+            self._limits[loop] = asyncio.Semaphore(self.config.rollout.max_concurrent_rollouts)
+        return self._limits[loop]
+
     async def _rollout(self, env_config: EnvironmentConfig, spec: RolloutSpec) -> Rollout:
-        async with self._limit:
+        async with self._limit():
             rollout = await play_episode(spec, self._source(env_config), self.engine,
                                          self.tokenizer, self.config.rollout,
                                          self.config.compaction, self._on_failure,

@@ -7,6 +7,7 @@ import math
 import random
 import warnings
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -73,6 +74,18 @@ def test_rollouts_of_a_collection_run_concurrently(tokenizer):
     loop.run_until_complete(runner.collect(0, 8))
     assert loop.time() - start < 1.0
     loop.close()
+
+
+def test_a_runner_collects_under_one_event_loop_after_another(tokenizer):
+    # more rollouts than rollout.max_concurrent_rollouts, so they wait on the limit;
+    # each asyncio.run is a new loop, and the limit must not stay bound to the first
+    config = make_config()
+    config = msgspec.structs.replace(config, rollout=msgspec.structs.replace(
+        config.rollout, max_concurrent_rollouts=3))
+    runner, _ = make_runner(tokenizer, config, lambda c: LongEnv(horizon=2, delay_s=0.01))
+    for step in range(3):
+        result = asyncio.run(runner.collect(step, 8))
+        assert len(result.rollouts) == 8 and all(r.valid for r in result.rollouts)
 
 
 def test_a_failing_env_invalidates_rollouts_and_collection_goes_on(tokenizer):
