@@ -8,7 +8,10 @@ import ctypes
 import functools
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where used: the caches are bounded before it loads
+    import torch
 
 KERNEL_CACHE_ENTRIES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": 256, "LRU_CACHE_CAPACITY": 32}
 """Entries kept by oneDNN's primitive cache (compiled kernels, one per shape and pass of a
@@ -40,7 +43,8 @@ shape (:func:`token_multiple`). On the quickstart model in bf16 it took the upda
 micro-batch (docs/peers.md)."""
 
 
-def token_multiple(configured: int | None, compute: Any, device: Any) -> int:
+def token_multiple(configured: int | None, compute: torch.dtype,
+                   device: torch.device | str) -> int:
     """What training micro-batches are padded to (``batch.token_multiple``): the configured
     value, else :data:`REPEATING_TOKEN_MULTIPLE` where a matmul builds a kernel for each
     new shape (oneDNN: bf16 or fp16 on a CPU; float32 goes to MKL, which builds none) so
