@@ -67,11 +67,11 @@ def plan_admission(admitted: list[Request], cache: Any, table: SlotTable,
         elif not batch_invariant and (found := table.continuation_of(
                 request.key, request.prompt_ids, request.version)):
             request.slot, reused = table.claim(found[0]), found[1]
-            cache.lengths[request.slot] = reused
+            cache.set_length(request.slot, reused)
             plan.compute.append((request, reused))
         else:
             request.slot = _take(table)
-            cache.lengths[request.slot] = 0
+            cache.set_length(request.slot, 0)
             leaders[prompt] = request
             plan.compute.append((request, 0))
     return plan

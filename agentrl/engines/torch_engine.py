@@ -109,6 +109,10 @@ class TorchEngine:
         self.max_batch_size = max_batch_size
         self.max_len = max_len
         self.batch_invariant = batch_invariant
+        self.share_prefixes = not batch_invariant
+        """Decode reads a group's copied prompt once per step (``agentrl.model.cascade``)
+        where that was measured faster: on a CPU. Never when batch invariant: which rows
+        share a matmul would depend on the batch."""
         self._seed_counter = itertools.count(seed * 1_000_003)
         self._cache: Any = None
         self._table: SlotTable | None = None
@@ -390,8 +394,9 @@ class TorchEngine:
         with section("engine/forward"):
             ids = table.last_token[:hi, None]
             with self._slots_under(hi):
-                logits = self.model.forward_cached(ids, range(hi), cache, span,
-                                                   num_new=table.running[:hi].long())[:, -1]
+                logits = self.model.forward_cached(
+                    ids, range(hi), cache, span, num_new=table.running[:hi].long(),
+                    share_prefixes=self.share_prefixes and not cache.lengths.is_cuda)[:, -1]
             self.num_forwards += 1
         with section("engine/sampling"):
             rows = torch.tensor(sorted(self._active), device=table.device)

@@ -9,6 +9,11 @@ The cache holds ``capacity`` positions per slot and grows (doubling, by whole bl
 to ``max_len`` when a request needs more: it is sized to what the scheduled requests can
 reach, never to the model's maximum positions unless a request does. Growing copies the
 filled part once.
+
+The cache also records which slots hold copies of one another's first positions
+(:meth:`KVCache.copy_prefix`: a group's samples of one prompt), so that batched decoding
+can read a shared prompt once per group instead of once per slot
+(:mod:`agentrl.model.cascade`).
 """
 
 from __future__ import annotations
@@ -57,6 +62,14 @@ class KVCache:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.lengths = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self.prefix_group = [-1] * num_slots
+        """Per slot, the group of slots whose first positions it holds a copy of (-1:
+        none); every member's first ``prefix_len[slot]`` positions equal the group's
+        first holder's at the time the group was made."""
+        self.prefix_len = [0] * num_slots
+        """Per slot, how many of its first positions are that copy (never more than its
+        length: later tokens are written after it)."""
+        self._groups_made = 0
         self.ensure_capacity(min(capacity or max_len, max_len))
 
     def nbytes(self) -> int:
@@ -88,16 +101,32 @@ class KVCache:
 
     def reset(self, slot: int) -> None:
         """Free a slot for a new request (its old entries are simply overwritten later)."""
-        self.lengths[slot] = 0
+        self.set_length(slot, 0)
+
+    def set_length(self, slot: int, length: int) -> None:
+        """Keep only the first ``length`` cached positions of ``slot`` (a conversation
+        continued from its own cache, or 0 for a new request); what follows is
+        overwritten by the next tokens, so its record of a shared copy shrinks with it."""
+        self.lengths[slot] = length
+        self.prefix_len[slot] = min(self.prefix_len[slot], length)
+        if self.prefix_len[slot] == 0:
+            self.prefix_group[slot] = -1
 
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         """Give slot ``target`` the first ``length`` cached positions of ``source`` (a
-        shared prompt, or a request moved to another slot); its length becomes ``length``."""
+        shared prompt, or a request moved to another slot); its length becomes ``length``.
+        The two are recorded as holding the same first positions."""
         if source != target:
             for store in (self.keys, self.values):
                 for layer in store:
                     layer[target, :, :length] = layer[source, :, :length]
-        self.lengths[target] = length
+            if self.prefix_group[source] < 0 and length > 0:
+                self.prefix_group[source] = self._groups_made
+                self.prefix_len[source] = length
+                self._groups_made += 1
+            self.prefix_group[target] = self.prefix_group[source]
+            self.prefix_len[target] = min(length, self.prefix_len[source])
+        self.set_length(target, length)
 
     def positions_for(self, slots: Slots, num_new: int | torch.Tensor) -> torch.Tensor:
         """Positions [N, T] the next tokens of each slot take (T = ``num_new`` when an int,

@@ -32,6 +32,7 @@ from agentrl.model.attention import (
     resolve_backend,
     varlen_attention,
 )
+from agentrl.model.cascade import PrefixPlan, cascade_attention, plan_prefixes
 from agentrl.model.compile import compiled
 from agentrl.model.kv_cache import KVCache, Slots, slot_ids
 from agentrl.model.logprobs import TokenScores, chunked_target_logprobs
@@ -73,8 +74,11 @@ class _Context:
         keep: torch.Tensor | None = None,
         keep_layer: int = -1,
         prefix_of: Sequence[int] | None = None,
+        prefix_plan: PrefixPlan | None = None,
     ) -> None:
         self.cos, self.sin = cos, sin
+        self.prefix_plan = prefix_plan
+        """Batched decode: the shared prompts read once per group (cascade attention)."""
         self.prefix_of = prefix_of
         """Per packed segment, the shared prefix it attends to first (-1: none)."""
         self.cu_seqlens, self.max_seqlen, self.bounds = cu_seqlens, max_seqlen, bounds
@@ -137,7 +141,10 @@ class Attention(nn.Module):
         assert ctx.cache is not None and ctx.slots is not None and ctx.positions is not None
         keys, values = ctx.cache.write(self.layer, ctx.slots, ctx.positions, k, v, ctx.span,
                                        ctx.valid)
-        out = masked_attention(q.transpose(1, 2), keys, values, ctx.mask)
+        if ctx.prefix_plan is not None:
+            out = cascade_attention(q.transpose(1, 2), keys, values, ctx.mask, ctx.prefix_plan)
+        else:
+            out = masked_attention(q.transpose(1, 2), keys, values, ctx.mask)
         return out.transpose(1, 2)
 
 
@@ -364,7 +371,7 @@ class CausalLM(nn.Module):
     def forward_cached(
         self, input_ids: torch.Tensor, slots: Slots, cache: KVCache,
         span: int | None = None, num_new: torch.Tensor | None = None,
-        last_only: bool = False,
+        last_only: bool = False, share_prefixes: bool = False,
     ) -> torch.Tensor:
         """Append row i of input_ids [N, T] to slot slots[i]; logits [N, T, V] in fp32.
 
@@ -377,7 +384,11 @@ class CausalLM(nn.Module):
         own length); default the longest row's. A fixed span (``cache.max_len``) keeps
         every tensor's shape independent of which other slots share the forward.
         ``last_only``: logits [N, V] of each row's last real token only (the LM head runs
-        on N positions instead of N × T).
+        on N positions instead of N × T). ``share_prefixes``: in a batched decode (T = 1,
+        ``num_new`` given), read the positions that slots hold as copies of one another
+        (a group's prompt, :meth:`KVCache.copy_prefix`) once per group
+        (:mod:`agentrl.model.cascade`); the same attention to float rounding. Rows with
+        no new token then get unspecified logits.
         """
         n, t = input_ids.shape
         counts = num_new.to(cache.lengths.device) if num_new is not None else None
@@ -392,12 +403,16 @@ class CausalLM(nn.Module):
         # key j may be seen by the query at position p iff j <= p: past + causal new tokens
         mask = torch.arange(span, device=positions.device) <= positions[:, :, None]
         cos, sin = self._rope(positions)
+        ids = slot_ids(slots, cache.lengths.device)
+        plan = None
+        if share_prefixes and t == 1 and counts is not None:
+            plan = plan_prefixes(ids.tolist(), (counts > 0).tolist(), cache.prefix_group,
+                                 cache.prefix_len, positions.device)
         ctx = _Context(
             cos, sin, cache=cache, slots=slots, positions=positions, mask=mask.unsqueeze(1),
-            span=span, valid=valid,
+            span=span, valid=valid, prefix_plan=plan,
         )
         hidden = self._hidden(input_ids, ctx)
-        ids = slot_ids(slots, cache.lengths.device)
         if counts is None:
             cache.lengths[ids] += t
         else:

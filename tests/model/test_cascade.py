@@ -1,0 +1,163 @@
+"""Batched decode reading a group's shared prompt once (agentrl.model.cascade): the same
+attention as reading every slot in full, the cache's record of which slots hold copies,
+and the engine's generations with it on and off."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from agentrl.engines.interface import SamplingParams
+from agentrl.engines.torch_engine import TorchEngine
+from agentrl.model import cascade, load_pretrained
+from agentrl.model.attention import masked_attention
+from agentrl.model.cascade import cascade_attention, plan_prefixes
+from agentrl.model.kv_cache import KVCache
+
+CPU = torch.device("cpu")
+
+
+@st.composite
+def decode_batches(draw):
+    """Rows of a batched decode over slots that hold true copies of their group's first
+    positions: (q, k, v, mask, plan inputs, running)."""
+    rows = draw(st.integers(2, 12))
+    kv_heads, per_kv, dim = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2])), 8
+    num_slots = rows + draw(st.integers(0, 4))
+    slots = draw(st.permutations(range(num_slots)))[:rows]
+    group_of = [-1] * num_slots
+    shared = [0] * num_slots
+    for slot in slots:
+        group_of[slot] = draw(st.sampled_from([-1, 0, 0, 1, 1, 2]))
+        shared[slot] = draw(st.integers(1, 9)) if group_of[slot] >= 0 else 0
+    lengths = [shared[s] + draw(st.integers(0, 6)) for s in slots]  # cached before the token
+    running = [draw(st.sampled_from([True, True, True, False])) for _ in slots]
+    seed = draw(st.integers(0, 10_000))
+    span = max(lengths) + 1
+    g = torch.Generator().manual_seed(seed)
+    roots = torch.randn(3, 2, kv_heads, span, dim, generator=g)  # per group: keys, values
+    k, v = (torch.randn(rows, kv_heads, span, dim, generator=g) for _ in range(2))
+    for row, slot in enumerate(slots):
+        if group_of[slot] >= 0:  # its first positions: a copy of its group's
+            k[row, :, :shared[slot]] = roots[group_of[slot], 0, :, :shared[slot]]
+            v[row, :, :shared[slot]] = roots[group_of[slot], 1, :, :shared[slot]]
+    q = torch.randn(rows, kv_heads * per_kv, 1, dim, generator=g)
+    mask = (torch.arange(span) <= torch.tensor(lengths)[:, None]).reshape(rows, 1, 1, span)
+    return q, k, v, mask, (slots, running, group_of, shared), running
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch=decode_batches())
+def test_reading_shared_positions_once_is_the_same_attention(batch):
+    q, k, v, mask, plan_inputs, running = batch
+    plan = plan_prefixes(*plan_inputs, CPU, min_shared=1)
+    assume(plan is not None)
+    got = cascade_attention(q, k, v, mask, plan)
+    expected = masked_attention(q, k, v, mask)
+    rows = torch.tensor(running)
+    torch.testing.assert_close(got[rows], expected[rows], atol=1e-5, rtol=0)
+
+
+def test_the_shared_positions_really_come_from_the_source_row():
+    """Members' own copies of the shared positions are not read: spoiling them changes
+    nothing, spoiling the source's changes every member."""
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(4, 2, 6, 8, generator=g), torch.randn(4, 2, 6, 8, generator=g)
+    k[1:, :, :4], v[1:, :, :4] = k[:1, :, :4], v[:1, :, :4]
+    q = torch.randn(4, 2, 1, 8, generator=g)
+    mask = torch.ones(4, 1, 1, 6, dtype=torch.bool)
+    plan = plan_prefixes([0, 1, 2, 3], [True] * 4, [0] * 4, [4] * 4, CPU, min_shared=1)
+    assert plan is not None and plan.length == 4 and plan.in_order
+    before = cascade_attention(q, k, v, mask, plan)
+    torch.testing.assert_close(before, masked_attention(q, k, v, mask), atol=1e-6, rtol=0)
+    spoiled = k.clone()
+    spoiled[1:, :, :4] = 0
+    assert torch.equal(cascade_attention(q, spoiled, v, mask, plan), before)
+    spoiled = k.clone()
+    spoiled[0, :, :4] = 0
+    assert not torch.isclose(cascade_attention(q, spoiled, v, mask, plan), before).any()
+
+
+def test_a_plan_only_where_it_reads_less():
+    one_each = [-1, -1, -1, -1]
+    assert plan_prefixes([0, 1, 2, 3], [True] * 4, one_each, [0] * 4, CPU) is None
+    pairs = [0, 0, 1, 1]
+    short = cascade.MIN_SHARED - 1
+    assert plan_prefixes([0, 1, 2, 3], [True] * 4, pairs, [short] * 4, CPU) is None
+    plan = plan_prefixes([0, 1, 2, 3], [True] * 4, pairs, [40, 32, 50, 50], CPU)
+    assert plan is not None and plan.length == 32 and plan.in_order
+    # one pair and three rows on their own: 4 groups read for 5 rows
+    assert plan_prefixes(list(range(5)), [True] * 5, [0, 0, -1, -1, -1], [40] * 5,
+                         CPU) is None
+    # a finished row, and groups of unequal size: rows are gathered, not reshaped
+    plan = plan_prefixes([3, 1, 0, 2, 4], [True, False, True, True, True], [7, 7, 7, 7, 5],
+                         [40] * 5, CPU)
+    assert plan is not None and not plan.in_order
+    assert plan.members.tolist() == [[0, 2, 3], [4, 4, 4]] and plan.sources.tolist() == [0, 4]
+    assert plan.place.tolist() == [0, 0, 1, 2, 3]
+
+
+def test_the_cache_records_which_slots_hold_copies():
+    cache = KVCache(1, num_slots=5, max_len=64, num_kv_heads=1, head_dim=4,
+                    dtype=torch.float32)
+    cache.lengths[0] = 30
+    cache.copy_prefix(0, 1, 30)
+    cache.copy_prefix(1, 2, 20)  # a copy of part of a copy
+    assert cache.prefix_group[:3] == [0, 0, 0] and cache.prefix_len[:3] == [30, 30, 20]
+    cache.set_length(1, 12)  # continued from its first 12 positions: later ones change
+    assert cache.prefix_len[1] == 12 and cache.prefix_group[1] == 0
+    cache.reset(2)
+    assert cache.prefix_group[2] == -1 and cache.prefix_len[2] == 0
+    cache.lengths[3] = 25
+    cache.copy_prefix(3, 4, 25)  # another prompt: another group
+    assert cache.prefix_group[3:] == [1, 1]
+    cache.copy_prefix(0, 0, 10)  # a slot cut back in place
+    assert cache.prefix_len[0] == 10 and int(cache.lengths[0]) == 10
+
+
+@pytest.fixture(scope="module")
+def model(tiny_qwen2):
+    return load_pretrained(tiny_qwen2, attention="torch").eval()
+
+
+def test_engine_generations_are_the_same_with_and_without_it(model, monkeypatch):
+    """Groups of one long prompt decode together; requests end at different lengths, so
+    groups shrink, rows move down and the gathered path runs as well as the reshaped one."""
+    calls = {True: 0, False: 0}
+    attend = cascade.cascade_attention
+
+    def counted(q, k, v, mask, plan):
+        calls[plan.in_order] += 1
+        return attend(q, k, v, mask, plan)
+
+    monkeypatch.setattr("agentrl.model.model.cascade_attention", counted)
+    prompts = [list(range(10 + g, 50 + g)) for g in range(3)]
+    requests = [(prompts[i // 4], SamplingParams(temperature=0.0, max_tokens=4 + 3 * (i % 4)))
+                for i in range(12)]
+
+    def generate(share: bool):
+        engine = TorchEngine(model, max_batch_size=12, max_len=128)
+        engine.share_prefixes = share
+
+        async def together():
+            return await asyncio.gather(*(engine.generate(p, s) for p, s in requests))
+
+        return asyncio.run(together())
+
+    plain = generate(False)
+    assert calls == {True: 0, False: 0}
+    shared = generate(True)
+    assert calls[True] > 0 and calls[False] > 0
+    for a, b in zip(shared, plain, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs),
+                                   atol=1e-5, rtol=0)
+
+
+def test_a_batch_invariant_engine_never_shares():
+    engine = TorchEngine(torch.nn.Linear(1, 1), batch_invariant=True)
+    assert not engine.share_prefixes
