@@ -18,7 +18,7 @@ import torch
 
 from agentrl.config import Config, num_local_engines
 from agentrl.engines.router import EngineRouter
-from agentrl.model.kv_cache import kv_cache_bytes
+from agentrl.model.kv_cache import cache_dtype, kv_cache_bytes
 
 SUMMARY_REQUEST_TOKENS = 256
 """Room for the summary request message (``agentrl.rollout.compaction.SUMMARY_REQUEST``,
@@ -189,8 +189,12 @@ def engine_memory(config: Config, num_parameters: int, num_layers: int, num_kv_h
                   head_dim: int, max_position_embeddings: int,
                   itemsize: int | None = None) -> EngineMemory:
     """What the configured replicas hold in memory (see :class:`EngineMemory`);
-    ``itemsize``: bytes per value (default: this machine's engine dtype)."""
+    ``itemsize``: bytes per value (default: this machine's engine dtype, and for the KV
+    cache the dtype it caches in there)."""
+    from agentrl.parallel.groups import local_device
+
     rollout = config.rollout
+    kv_itemsize = itemsize or cache_dtype(engine_dtype(config), local_device()).itemsize
     itemsize = itemsize or engine_dtype(config).itemsize
     tp = rollout.tensor_parallel_size
     kv = 0
@@ -200,7 +204,7 @@ def engine_memory(config: Config, num_parameters: int, num_layers: int, num_kv_h
     else:
         max_len = engine_max_len(config, max_position_embeddings)
         kv = kv_cache_bytes(num_layers, rollout.max_concurrent_rollouts, max_len,
-                            num_kv_heads, head_dim, itemsize)
+                            num_kv_heads, head_dim, kv_itemsize)
     return EngineMemory(
         num_local_replicas=num_local_engines(rollout), gpus_per_replica=tp,
         colocated=rollout.placement == "colocated",

@@ -257,12 +257,12 @@ class TorchEngine:
     def kv_cache_bytes(self) -> int:
         """Bytes the KV cache takes at most (``max_batch_size`` × ``max_len``; it is
         allocated for what the admitted requests can reach and grows toward this)."""
-        from agentrl.model.kv_cache import kv_cache_bytes
+        from agentrl.model.kv_cache import cache_dtype, kv_cache_bytes
 
         args = self.model.config
+        dtype = cache_dtype(self.model.dtype, self.model.lm_head.weight.device)
         return kv_cache_bytes(args.num_hidden_layers, self.max_batch_size, self.max_len,
-                              args.num_key_value_heads, args.head_dim,
-                              self.model.dtype.itemsize)
+                              args.num_key_value_heads, args.head_dim, dtype.itemsize)
 
     # ------------------------------------------------------------------ internals
 

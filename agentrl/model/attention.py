@@ -241,7 +241,7 @@ def masked_attention(
     """SDPA with a boolean mask (True = may attend): q [N, H, T, D], k/v [N, KVH, S, D]
     (mask [N, 1, T, S] or broadcastable to it). A query attending to nothing gives 0."""
     if q.shape[-2] == 1 and not q.is_cuda and mask.dim() == 4:
-        return _one_query_attention(q, k, v, mask)  # in bf16 too: casting the cache costs more
+        return _one_query_attention(q, k, v, mask)  # the engine's cache is float32 there
     return _sdpa(q, k, v, attn_mask=mask)
 
 

@@ -34,7 +34,7 @@ from agentrl.model.attention import (
 )
 from agentrl.model.cascade import PrefixPlan, cascade_attention, plan_prefixes
 from agentrl.model.compile import compiled
-from agentrl.model.kv_cache import KVCache, Slots, slot_ids
+from agentrl.model.kv_cache import KVCache, Slots, cache_dtype, slot_ids
 from agentrl.model.logprobs import TokenScores, chunked_target_logprobs
 from agentrl.model.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
@@ -141,11 +141,12 @@ class Attention(nn.Module):
         assert ctx.cache is not None and ctx.slots is not None and ctx.positions is not None
         keys, values = ctx.cache.write(self.layer, ctx.slots, ctx.positions, k, v, ctx.span,
                                        ctx.valid)
+        queries = q.transpose(1, 2).to(keys.dtype)  # the cache may hold a wider dtype
         if ctx.prefix_plan is not None:
-            out = cascade_attention(q.transpose(1, 2), keys, values, ctx.mask, ctx.prefix_plan)
+            out = cascade_attention(queries, keys, values, ctx.mask, ctx.prefix_plan)
         else:
-            out = masked_attention(q.transpose(1, 2), keys, values, ctx.mask)
-        return out.transpose(1, 2)
+            out = masked_attention(queries, keys, values, ctx.mask)
+        return out.to(q.dtype).transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -363,7 +364,7 @@ class CausalLM(nn.Module):
             max_len,
             c.num_key_value_heads,
             c.head_dim,
-            dtype=self.dtype,
+            dtype=cache_dtype(self.dtype, self.lm_head.weight.device),
             device=self.lm_head.weight.device,
             capacity=capacity,
         )

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentrl.engines.interface import SamplingParams
+from agentrl.engines.torch_engine import TorchEngine
 from agentrl.model import load_pretrained
 from agentrl.model.attention import masked_attention
+from agentrl.model.kv_cache import cache_dtype
 
 TOL = 1e-5
 
@@ -164,3 +170,33 @@ def test_one_query_attention_equals_sdpa(rows, kv_heads, group, keys, seed):
                                               enable_gqa=group > 1)
     torch.testing.assert_close(masked_attention(q, k, v, mask), expected, atol=1e-6, rtol=0)
     assert not masked_attention(q, k, v, mask)[0].any()
+
+
+def test_a_low_precision_model_on_a_cpu_caches_in_float32():
+    assert cache_dtype(torch.bfloat16, "cpu") == torch.float32
+    assert cache_dtype(torch.float16, torch.device("cpu")) == torch.float32
+    assert cache_dtype(torch.float32, "cpu") == torch.float32
+    assert cache_dtype(torch.bfloat16, "cuda") == torch.bfloat16
+
+
+@torch.no_grad()
+def test_bf16_decoding_from_a_float32_cache_follows_the_full_forward(model):
+    """A bf16 model's cache is float32 on a CPU; decoding from it gives the uncached
+    bf16 forward's logits to bf16 rounding, and the engine sizes its cache by it."""
+    low = copy.deepcopy(model).to(torch.bfloat16)
+    seq = tokens(16, 4)
+    full = low(seq.unsqueeze(0))[0].float()
+    cache = low.new_kv_cache(num_slots=2, max_len=32)
+    assert cache.dtype == torch.float32 and cache.keys[0].dtype == torch.float32
+    slot = torch.tensor([1])
+    out = [low.forward_cached(seq[:6].unsqueeze(0), slot, cache)[0]]
+    for t in range(6, 16):
+        out.append(low.forward_cached(seq[t : t + 1].unsqueeze(0), slot, cache)[0])
+    cached = torch.cat(out).float()
+    assert cached.dtype == torch.float32
+    scale = full.abs().max()
+    assert (cached - full).abs().max() < 0.05 * scale
+    assert torch.equal(cached.argmax(-1), full.argmax(-1))
+    engine = TorchEngine(low, max_batch_size=2, max_len=32)
+    asyncio.run(engine.generate(seq[:6].tolist(), SamplingParams(temperature=0.0, max_tokens=4)))
+    assert engine._cache.nbytes() == engine.kv_cache_bytes()
