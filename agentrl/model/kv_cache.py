@@ -81,6 +81,10 @@ class KVCache:
         self._groups_made = 0
         self.ensure_capacity(min(capacity or max_len, max_len))
 
+    def position_bytes(self) -> int:
+        """Bytes one position of one slot takes in one layer (its keys and values)."""
+        return 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
     def nbytes(self) -> int:
         """Bytes allocated now (keys and values, every layer)."""
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))

@@ -408,7 +408,7 @@ class CausalLM(nn.Module):
         plan = None
         if share_prefixes and t == 1 and counts is not None:
             plan = plan_prefixes(ids.tolist(), (counts > 0).tolist(), cache.prefix_group,
-                                 cache.prefix_len, positions.device)
+                                 cache.prefix_len, positions.device, cache.position_bytes())
         ctx = _Context(
             cos, sin, cache=cache, slots=slots, positions=positions, mask=mask.unsqueeze(1),
             span=span, valid=valid, prefix_plan=plan,

@@ -54,7 +54,7 @@ def decode_batches(draw):
 @given(batch=decode_batches())
 def test_reading_shared_positions_once_is_the_same_attention(batch):
     q, k, v, mask, plan_inputs, running = batch
-    plan = plan_prefixes(*plan_inputs, CPU, min_shared=1)
+    plan = plan_prefixes(*plan_inputs, CPU, position_bytes=1, min_saved=1)
     assume(plan is not None)
     got = cascade_attention(q, k, v, mask, plan)
     expected = masked_attention(q, k, v, mask)
@@ -70,7 +70,7 @@ def test_the_shared_positions_really_come_from_the_source_row():
     k[1:, :, :4], v[1:, :, :4] = k[:1, :, :4], v[:1, :, :4]
     q = torch.randn(4, 2, 1, 8, generator=g)
     mask = torch.ones(4, 1, 1, 6, dtype=torch.bool)
-    plan = plan_prefixes([0, 1, 2, 3], [True] * 4, [0] * 4, [4] * 4, CPU, min_shared=1)
+    plan = plan_prefixes([0, 1, 2, 3], [True] * 4, [0] * 4, [4] * 4, CPU, 1, min_saved=1)
     assert plan is not None and plan.length == 4 and plan.in_order
     before = cascade_attention(q, k, v, mask, plan)
     torch.testing.assert_close(before, masked_attention(q, k, v, mask), atol=1e-6, rtol=0)
@@ -83,22 +83,23 @@ def test_the_shared_positions_really_come_from_the_source_row():
 
 
 def test_a_plan_only_where_it_reads_less():
-    one_each = [-1, -1, -1, -1]
-    assert plan_prefixes([0, 1, 2, 3], [True] * 4, one_each, [0] * 4, CPU) is None
+    def plan(slots, running, group_of, shared, position_bytes=1 << 20):
+        return plan_prefixes(slots, running, group_of, shared, CPU, position_bytes)
+
+    assert plan([0, 1, 2, 3], [True] * 4, [-1] * 4, [0] * 4) is None  # nothing shared
     pairs = [0, 0, 1, 1]
-    short = cascade.MIN_SHARED - 1
-    assert plan_prefixes([0, 1, 2, 3], [True] * 4, pairs, [short] * 4, CPU) is None
-    plan = plan_prefixes([0, 1, 2, 3], [True] * 4, pairs, [40, 32, 50, 50], CPU)
-    assert plan is not None and plan.length == 32 and plan.in_order
+    # two rows skip reading 4 shared positions of 1 MiB each: 8 MiB, just enough
+    got = plan([0, 1, 2, 3], [True] * 4, pairs, [4, 5, 6, 6])
+    assert got is not None and got.length == 4 and got.in_order
+    assert plan([0, 1, 2, 3], [True] * 4, pairs, [3, 5, 6, 6]) is None  # 6 MiB
+    assert plan([0, 1, 2, 3], [True] * 4, pairs, [4, 5, 6, 6], 1 << 19) is None
     # one pair and three rows on their own: 4 groups read for 5 rows
-    assert plan_prefixes(list(range(5)), [True] * 5, [0, 0, -1, -1, -1], [40] * 5,
-                         CPU) is None
+    assert plan(list(range(5)), [True] * 5, [0, 0, -1, -1, -1], [40] * 5) is None
     # a finished row, and groups of unequal size: rows are gathered, not reshaped
-    plan = plan_prefixes([3, 1, 0, 2, 4], [True, False, True, True, True], [7, 7, 7, 7, 5],
-                         [40] * 5, CPU)
-    assert plan is not None and not plan.in_order
-    assert plan.members.tolist() == [[0, 2, 3], [4, 4, 4]] and plan.sources.tolist() == [0, 4]
-    assert plan.place.tolist() == [0, 0, 1, 2, 3]
+    got = plan([3, 1, 0, 2, 4], [True, False, True, True, True], [7, 7, 7, 7, 5], [40] * 5)
+    assert got is not None and not got.in_order
+    assert got.members.tolist() == [[0, 2, 3], [4, 4, 4]] and got.sources.tolist() == [0, 4]
+    assert got.place.tolist() == [0, 0, 1, 2, 3]
 
 
 def test_the_cache_records_which_slots_hold_copies():
@@ -135,6 +136,7 @@ def test_engine_generations_are_the_same_with_and_without_it(model, monkeypatch)
         return attend(q, k, v, mask, plan)
 
     monkeypatch.setattr("agentrl.model.model.cascade_attention", counted)
+    monkeypatch.setattr("agentrl.model.cascade.MIN_SAVED_BYTES", 1)
     prompts = [list(range(10 + g, 50 + g)) for g in range(3)]
     requests = [(prompts[i // 4], SamplingParams(temperature=0.0, max_tokens=4 + 3 * (i % 4)))
                 for i in range(12)]
