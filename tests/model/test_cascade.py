@@ -160,6 +160,41 @@ def test_engine_generations_are_the_same_with_and_without_it(model, monkeypatch)
                                    atol=1e-5, rtol=0)
 
 
+def test_groups_survive_running_requests_moving_down(model, monkeypatch):
+    """Most requests end after 2 tokens; the rest move down into the freed slots (their
+    cache copied there) and still decode with their groups' prompts read once."""
+    rows_seen: list[int] = []
+    attend = cascade.cascade_attention
+
+    def counted(q, k, v, mask, plan):
+        rows_seen.append(q.shape[0])
+        return attend(q, k, v, mask, plan)
+
+    monkeypatch.setattr("agentrl.model.model.cascade_attention", counted)
+    monkeypatch.setattr("agentrl.model.cascade.MIN_SAVED_BYTES", 1)
+    prompts = [list(range(10, 50)), list(range(60, 100))]
+    short = {0, 1, 2, 3, 4, 5, 8, 9, 10}
+    requests = [(prompts[i // 8], SamplingParams(temperature=0.0,
+                                                 max_tokens=2 if i in short else 12))
+                for i in range(16)]
+
+    def generate(share: bool):
+        engine = TorchEngine(model, max_batch_size=16, max_len=128)
+        engine.share_prefixes = share
+
+        async def together():
+            return await asyncio.gather(*(engine.generate(p, s) for p, s in requests))
+
+        return asyncio.run(together())
+
+    plain, shared = generate(False), generate(True)
+    assert max(rows_seen) == 16 and min(rows_seen) <= 8  # decoded after moving down
+    for a, b in zip(shared, plain, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs),
+                                   atol=1e-5, rtol=0)
+
+
 def test_a_batch_invariant_engine_never_shares():
     engine = TorchEngine(torch.nn.Linear(1, 1), batch_invariant=True)
     assert not engine.share_prefixes
