@@ -125,24 +125,28 @@ def model(tiny_qwen2):
     return load_pretrained(tiny_qwen2, attention="torch").eval()
 
 
-def test_engine_generations_are_the_same_with_and_without_it(model, monkeypatch):
-    """Groups of one long prompt decode together; requests end at different lengths, so
-    groups shrink, rows move down and the gathered path runs as well as the reshaped one."""
-    calls = {True: 0, False: 0}
+@pytest.fixture
+def plans(monkeypatch):
+    """The plans shared-prompt decoding runs with (the tiny model's copies are small, so
+    it runs whatever it saves)."""
+    seen: list = []
     attend = cascade.cascade_attention
 
-    def counted(q, k, v, mask, plan):
-        calls[plan.in_order] += 1
+    def recorded(q, k, v, mask, plan):
+        seen.append((q.shape[0], plan))
         return attend(q, k, v, mask, plan)
 
-    monkeypatch.setattr("agentrl.model.model.cascade_attention", counted)
+    monkeypatch.setattr("agentrl.model.model.cascade_attention", recorded)
     monkeypatch.setattr("agentrl.model.cascade.MIN_SAVED_BYTES", 1)
-    prompts = [list(range(10 + g, 50 + g)) for g in range(3)]
-    requests = [(prompts[i // 4], SamplingParams(temperature=0.0, max_tokens=4 + 3 * (i % 4)))
-                for i in range(12)]
+    return seen
 
-    def generate(share: bool):
-        engine = TorchEngine(model, max_batch_size=12, max_len=128)
+
+def generate_both_ways(model, requests: list, plans: list) -> list:
+    """The engine's generations without and with shared-prompt decoding, checked equal
+    (greedy tokens, log-probs to 1e-5), the first with no plan run; returns the second."""
+
+    def generate(share: bool) -> list:
+        engine = TorchEngine(model, max_batch_size=len(requests), max_len=128)
         engine.share_prefixes = share
 
         async def together():
@@ -151,48 +155,36 @@ def test_engine_generations_are_the_same_with_and_without_it(model, monkeypatch)
         return asyncio.run(together())
 
     plain = generate(False)
-    assert calls == {True: 0, False: 0}
+    assert not plans
     shared = generate(True)
-    assert calls[True] > 0 and calls[False] > 0
     for a, b in zip(shared, plain, strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs),
                                    atol=1e-5, rtol=0)
+    return shared
 
 
-def test_groups_survive_running_requests_moving_down(model, monkeypatch):
+def test_engine_generations_are_the_same_with_and_without_it(model, plans):
+    """Groups of one long prompt decode together; requests end at different lengths, so
+    groups shrink and the gathered path runs as well as the reshaped one."""
+    prompts = [list(range(10 + g, 50 + g)) for g in range(3)]
+    requests = [(prompts[i // 4], SamplingParams(temperature=0.0, max_tokens=4 + 3 * (i % 4)))
+                for i in range(12)]
+    generate_both_ways(model, requests, plans)
+    assert {plan.in_order for _, plan in plans} == {True, False}
+
+
+def test_groups_survive_running_requests_moving_down(model, plans):
     """Most requests end after 2 tokens; the rest move down into the freed slots (their
     cache copied there) and still decode with their groups' prompts read once."""
-    rows_seen: list[int] = []
-    attend = cascade.cascade_attention
-
-    def counted(q, k, v, mask, plan):
-        rows_seen.append(q.shape[0])
-        return attend(q, k, v, mask, plan)
-
-    monkeypatch.setattr("agentrl.model.model.cascade_attention", counted)
-    monkeypatch.setattr("agentrl.model.cascade.MIN_SAVED_BYTES", 1)
     prompts = [list(range(10, 50)), list(range(60, 100))]
     short = {0, 1, 2, 3, 4, 5, 8, 9, 10}
     requests = [(prompts[i // 8], SamplingParams(temperature=0.0,
                                                  max_tokens=2 if i in short else 12))
                 for i in range(16)]
-
-    def generate(share: bool):
-        engine = TorchEngine(model, max_batch_size=16, max_len=128)
-        engine.share_prefixes = share
-
-        async def together():
-            return await asyncio.gather(*(engine.generate(p, s) for p, s in requests))
-
-        return asyncio.run(together())
-
-    plain, shared = generate(False), generate(True)
-    assert max(rows_seen) == 16 and min(rows_seen) <= 8  # decoded after moving down
-    for a, b in zip(shared, plain, strict=True):
-        assert a.token_ids == b.token_ids
-        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs),
-                                   atol=1e-5, rtol=0)
+    generate_both_ways(model, requests, plans)
+    rows = [n for n, _ in plans]
+    assert max(rows) == 16 and min(rows) <= 8  # decoded after moving down
 
 
 def test_a_batch_invariant_engine_never_shares():
