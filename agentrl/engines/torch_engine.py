@@ -75,6 +75,7 @@ from agentrl.engines.interface import (
 )
 from agentrl.engines.sampling import sample_rows
 from agentrl.engines.slot_table import SlotTable
+from agentrl.model.prepacked import drop_prepacked, prepack_linears
 from agentrl.observe.profile import section
 from agentrl.parallel.caches import release_cached_memory, return_freed_heap
 
@@ -113,6 +114,9 @@ class TorchEngine:
         """Decode reads a group's copied prompt once per step (``agentrl.model.cascade``)
         where that was measured faster: on a CPU. Never when batch invariant: which rows
         share a matmul would depend on the batch."""
+        self.prepack_weights = True
+        """Pack the model's float32 linear weights once per weight version on a CPU
+        (``agentrl.model.prepacked``): every forward then skips repacking them."""
         self._seed_counter = itertools.count(seed * 1_000_003)
         self._cache: Any = None
         self._table: SlotTable | None = None
@@ -221,6 +225,7 @@ class TorchEngine:
             raise ValueError(f"{self.name}: the weight update lacks {len(missing)} "
                              f"parameters, e.g. {missing[:3]}; send every parameter")
         self.weight_version = version
+        self._pack()
         if self._table is not None:  # running requests go on under the new weights
             self._table.set_version(version)
             self._table.clear_prefixes()  # cached prefixes were computed by the old ones
@@ -243,6 +248,7 @@ class TorchEngine:
         is accepted for symmetry with vLLM, weights stay in place."""
         self._require_idle("sleep")
         self._cache = self._table = None
+        drop_prepacked(self.model)
         release_cached_memory()
         return_freed_heap()
 
@@ -319,6 +325,7 @@ class TorchEngine:
     async def _run(self) -> None:
         """The batching loop; ends when nothing is pending or active."""
         try:
+            self._pack()
             while self._pending or self._active:
                 self._drop_cancelled()
                 with torch.inference_mode():
@@ -335,6 +342,12 @@ class TorchEngine:
             self._cache = self._table = None
             self._num_stop_strings = 0
             raise
+
+    def _pack(self) -> None:
+        """Pack the weights that changed since they were last packed (none after the
+        first time in a collection: the check is a pointer and a counter per weight)."""
+        if self.prepack_weights:
+            prepack_linears(self.model)
 
     def _ensure_cache(self, positions: int) -> tuple[Any, SlotTable]:
         """The cache (room for ``positions`` per slot; all of ``max_len`` when batch

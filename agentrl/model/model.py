@@ -36,6 +36,7 @@ from agentrl.model.cascade import PrefixPlan, cascade_attention, plan_prefixes
 from agentrl.model.compile import compiled
 from agentrl.model.kv_cache import KVCache, Slots, cache_dtype, slot_ids
 from agentrl.model.logprobs import TokenScores, chunked_target_logprobs
+from agentrl.model.prepacked import Linear, linear
 from agentrl.model.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
 
@@ -98,10 +99,10 @@ class Attention(nn.Module):
         h, kvh, d = args.num_attention_heads, args.num_key_value_heads, args.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = h, kvh, d
         self.layer, self.backend = layer, backend
-        self.q_proj = nn.Linear(args.hidden_size, h * d, bias=args.attention_bias)
-        self.k_proj = nn.Linear(args.hidden_size, kvh * d, bias=args.attention_bias)
-        self.v_proj = nn.Linear(args.hidden_size, kvh * d, bias=args.attention_bias)
-        self.o_proj = nn.Linear(h * d, args.hidden_size, bias=args.o_proj_bias)
+        self.q_proj = Linear(args.hidden_size, h * d, bias=args.attention_bias)
+        self.k_proj = Linear(args.hidden_size, kvh * d, bias=args.attention_bias)
+        self.v_proj = Linear(args.hidden_size, kvh * d, bias=args.attention_bias)
+        self.o_proj = Linear(h * d, args.hidden_size, bias=args.o_proj_bias)
         self.qk_norm = args.qk_norm
         if args.qk_norm:
             self.q_norm = RMSNorm(d, args.rms_norm_eps)
@@ -155,9 +156,9 @@ class MLP(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         hid, inter, bias = args.hidden_size, args.intermediate_size, args.mlp_bias
-        self.gate_proj = nn.Linear(hid, inter, bias=bias)
-        self.up_proj = nn.Linear(hid, inter, bias=bias)
-        self.down_proj = nn.Linear(inter, hid, bias=bias)
+        self.gate_proj = Linear(hid, inter, bias=bias)
+        self.up_proj = Linear(hid, inter, bias=bias)
+        self.down_proj = Linear(inter, hid, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -228,7 +229,7 @@ class Decoder(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
-class LMHead(nn.Linear):
+class LMHead(Linear):
     """The output projection (HF's ``lm_head``). Alone: logits [..., V] in fp32. With
     targets: their log-probs and the entropy, ``chunk_tokens`` positions at a time."""
 
@@ -246,7 +247,7 @@ class LMHead(nn.Linear):
         ``hidden`` holds only those positions' rows, [M, H] (the decoder's last layer
         computed no others), the last ``padding`` of them there only for the shape."""
         if targets is None:
-            return F.linear(hidden, self.weight).float()
+            return linear(self, hidden).float()
         return chunked_target_logprobs(hidden, self.weight, targets, temperature,
                                        self.chunk_tokens, with_entropy, positions,
                                        picked=positions is not None, padding=padding)
