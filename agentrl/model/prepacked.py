@@ -60,6 +60,13 @@ class Linear(nn.Linear):
 
     prepacked: PrepackedWeight | None = None
 
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the packed weight behind: MKL's opaque buffer has no
+        storage to copy, and a copy packs its own when an engine runs it."""
+        state = super().__getstate__()
+        state.pop("prepacked", None)
+        return state
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         """``F.linear(x, weight, bias)``, through the packed weight where it applies."""
         return linear(self, x, self.bias)

@@ -5,6 +5,7 @@ generations the same with packing on and off, including after a weight sync."""
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import pytest
 import torch
@@ -147,3 +148,15 @@ def test_after_a_sync_the_engine_generates_with_the_new_weights(tiny_qwen2):
     assert_same_generations(after, generate(new, requests, pack=False))
     engine.sleep()
     assert all(m.prepacked is None for m in prepackable(old))
+
+
+def test_a_copy_leaves_the_packed_weight_behind(model):
+    """MKL's packed buffer has no storage to copy: a deep copy (or pickle) of a packed model
+    works, holds no packed weight, and computes the same."""
+    prepack_linears(model)
+    twin = copy.deepcopy(model)
+    assert all(m.prepacked is None for m in prepackable(twin))
+    ids = torch.tensor([[3, 7, 11, 5, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(twin(ids), model(ids), rtol=1e-5, atol=1e-5)
+    drop_prepacked(model)
