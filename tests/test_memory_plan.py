@@ -58,8 +58,9 @@ def test_qwen25_15b_figures_by_hand():
     assert saved_bytes_per_token(args, 2, False, full_logits=True) / 2**20 == pytest.approx(
         3.437, abs=0.001)
     # checkpointed: each layer keeps its bf16 input; rope tables 2·2·128; head: ids 8,
-    # norm 4H + 4 + 2·2H, targets 8, log-sum-exp 4, loss ~40 (bench/memory.py: 12,348)
-    head = 8 + (4 * 1536 + 4 + 4 * 1536) + 8 + 4 + 40
+    # norm 4H + 8 + 2·2H, targets 8, log-sum-exp 4, loss ~40 (bench/memory.py: 12,348
+    # before the norm kept its vector_norm's output, 4 more)
+    head = 8 + (4 * 1536 + 8 + 4 * 1536) + 8 + 4 + 40
     assert saved_bytes_per_token(args, 2, True) == 28 * 1536 * 2 + 512 + head
     assert head <= 16 * 1024 and saved_bytes_per_token(args, 2, True) <= 0.25 * 2**20
 
@@ -302,11 +303,11 @@ def test_the_root_units_reduce_scatter_by_hand():
                          ["batch.max_tokens_per_microbatch=1024"])
     plan = plan_memory(config, KNOWN_SHAPES["Qwen2.5-7B"], 80, num_ranks=8)
     root = 2 * 152064 * 3584 + 3584  # 1,089,998,336 parameters
-    # per token: 28 checkpointed layers × 2·3584, rope 2·2·128, head 8 + (4·3584 + 4 +
+    # per token: 28 checkpointed layers × 2·3584, rope 2·2·128, head 8 + (4·3584 + 8 +
     # 2·2·3584) + 8 + 4 + 40
-    per_token = 28 * 7168 + 512 + 8 + (14336 + 4 + 14336) + 8 + 4 + 40
-    assert per_token == 229_952
+    per_token = 28 * 7168 + 512 + 8 + (14336 + 8 + 14336) + 8 + 4 + 40
+    assert per_token == 229_956
     assert _term(plan, "activations").bytes == 1024 * per_token
     working = _term(plan, "backward working set")
-    assert working.bytes == 6.5 * root - 1024 * per_token == 6_849_518_336
+    assert working.bytes == 6.5 * root - 1024 * per_token == 6_849_514_240
     assert "reduce-scatter at the end" in working.detail

@@ -11,12 +11,12 @@ Per-token activation bytes follow the model code op by op (what autograd saves; 
 the compute dtype's size, H hidden, Hq = heads × head_dim, Hkv = kv heads × head_dim,
 I intermediate, V vocabulary), and ``bench/memory.py`` measures the same figures:
 
-- a decoder layer without checkpointing: two RMSNorms (fp32 input copy 4H, 1/rms 4,
-  normalized b·H, output b·H, each), attention (q, k, v, output, o_proj input
+- a decoder layer without checkpointing: two RMSNorms (fp32 input copy 4H, its norm and
+  1/rms 4 + 4, normalized b·H, output b·H, each), attention (q, k, v, output, o_proj input
   b·(3·Hq + 2·Hkv), log-sum-exp 4 per head), SwiGLU MLP (gate, silu, up, product 4·b·I);
 - a checkpointed layer: its input, b·H;
 - once per micro-batch: the rope tables cos and sin, 2·b·head_dim;
-- head and loss: input ids 8, final norm 4H + 4 + 2·b·H, targets 8, log-sum-exp 4, loss
+- head and loss: input ids 8, final norm 4H + 8 + 2·b·H, targets 8, log-sum-exp 4, loss
   terms ~40; the full-logits path would add 4·V.
 
 With ``[model.lora]`` the base is frozen, stored in the compute dtype (sharded) with no
@@ -126,12 +126,12 @@ def layer_bytes_per_token(args: ModelArgs, dtype_bytes: int, checkpointing: bool
         return b * h
     hq = args.num_attention_heads * args.head_dim
     hkv = args.num_key_value_heads * args.head_dim
-    norms = 2 * (4 * h + 4 + 2 * b * h)
+    norms = 2 * (4 * h + 8 + 2 * b * h)  # each: fp32 copy, its norm and 1/rms, normalized
     # SDPA's q, k, v and output, o_proj's input, the log-sum-exp per head
     sdpa = 4 if fp32_attention else b
     attention = sdpa * (2 * hq + 2 * hkv) + b * hq + 4 * args.num_attention_heads
-    if args.qk_norm:  # RMSNorm per head of q and k: fp32 copy, 1/rms, normalized
-        attention += (4 + b) * (hq + hkv) + 4 * (args.num_attention_heads
+    if args.qk_norm:  # RMSNorm per head of q and k: fp32 copy, norm and 1/rms, normalized
+        attention += (4 + b) * (hq + hkv) + 8 * (args.num_attention_heads
                                                   + args.num_key_value_heads)
     return norms + attention + 4 * b * i
 
@@ -145,7 +145,7 @@ def head_bytes_per_token(args: ModelArgs, dtype_bytes: int, full_logits: bool = 
     """Input ids, final norm, LM head, log-probs and loss, per token; ``full_logits``:
     the path that returned fp32 logits [T, V] (kept for the bench's comparison)."""
     h = args.hidden_size
-    chunked = 8 + (4 * h + 4 + 2 * dtype_bytes * h) + 8 + 4 + LOSS_BYTES_PER_TOKEN
+    chunked = 8 + (4 * h + 8 + 2 * dtype_bytes * h) + 8 + 4 + LOSS_BYTES_PER_TOKEN
     return chunked + (4 * args.vocab_size if full_logits else 0)
 
 
