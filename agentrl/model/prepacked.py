@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 MIN_ROWS = 4
-"""Fewer rows than this take ``F.linear``: one or two rows are a matrix-vector product,
-which the packed GEMM was slower at (0.93× at one row, 0.89× at two)."""
+"""Fewer rows than this take ``F.linear``, which was faster there (the packed GEMM ran
+0.93× at one row, a matrix-vector product, and 0.89× at two)."""
 
 PACK_ROWS = 128
 """The row count MKL is told to pack for (a layout hint; any row count may use it)."""
