@@ -17,20 +17,16 @@ threads, the two ways alternating in one process:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import time
 
-import msgspec
 import torch
 import torch.nn.functional as F
 
 from agentrl.engines.interface import SamplingParams
 from agentrl.engines.torch_engine import TorchEngine
-from agentrl.model.args import read_args
 from agentrl.model.prepacked import can_prepack, drop_prepacked, linear, prepack_linears
-from agentrl.model.tiny import init_model
-from bench.shapes import LARGE, SMALL
+from bench.shapes import large_model, time_collection
 
 GROUPS, SAMPLES, NEW_TOKENS, PROMPT_TOKENS = 16, 8, 40, 64
 
@@ -66,15 +62,8 @@ def collect(model: torch.nn.Module, prompts: list[list[int]], prepacked: bool
     drop_prepacked(model)
     engine = TorchEngine(model, max_batch_size=GROUPS * SAMPLES, max_len=4096)
     engine.prepack_weights = prepacked
-
-    async def together() -> list:
-        return await asyncio.gather(*(engine.generate(
-            prompts[i % GROUPS], SamplingParams(temperature=1.0, max_tokens=NEW_TOKENS, seed=i))
-            for i in range(GROUPS * SAMPLES)))
-
-    start = time.perf_counter()
-    generations = asyncio.run(together())
-    return time.perf_counter() - start, generations
+    return time_collection(engine, prompts, SAMPLES, lambda i: SamplingParams(
+        temperature=1.0, max_tokens=NEW_TOKENS, seed=i))
 
 
 def main() -> None:
@@ -85,7 +74,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    model = init_model(msgspec.structs.replace(read_args(SMALL), **LARGE), seed=0).eval()
+    model = large_model().eval()
     if not can_prepack(model.lm_head.weight):
         raise SystemExit("this torch has no MKL: nothing to prepack")
     print("projections of 8 layers (hidden 512), ms: F.linear | prepacked | ratio")

@@ -13,17 +13,14 @@ round some near-ties the other way) and prints how far the log-probs differ.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import copy
 import statistics
-import time
 
-import msgspec
 import torch
 
 from agentrl.engines.interface import SamplingParams
 from agentrl.engines.torch_engine import TorchEngine
-from bench.shapes import LARGE, SMALL
+from bench.shapes import LARGE, large_model, time_collection
 
 GROUPS, SAMPLES, NEW_TOKENS = 16, 8, 40
 
@@ -35,14 +32,7 @@ def collect(model: torch.nn.Module, prompts: list[list[int]], share: bool,
     engine = TorchEngine(model, max_batch_size=GROUPS * SAMPLES, max_len=4096)
     engine.share_prefixes = share
     params = SamplingParams(temperature=temperature, max_tokens=NEW_TOKENS)
-
-    async def together() -> list:
-        return await asyncio.gather(*(engine.generate(prompts[i % GROUPS], params)
-                                      for i in range(GROUPS * SAMPLES)))
-
-    start = time.perf_counter()
-    outputs = asyncio.run(together())
-    return time.perf_counter() - start, outputs
+    return time_collection(engine, prompts, SAMPLES, lambda _: params)
 
 
 def main() -> None:
@@ -52,11 +42,8 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    from agentrl.model.args import read_args
-    from agentrl.model.tiny import init_model
-
     torch.set_num_threads(2)
-    base = init_model(msgspec.structs.replace(read_args(SMALL), **LARGE), seed=0).eval()
+    base = large_model().eval()
     print(f"{GROUPS} prompts × {SAMPLES} samples × {NEW_TOKENS} tokens, 8 layers, hidden 512, "
           "2 threads; median of", args.repeats)
     print(f"{'prompt':>6} {'dtype':>9} {'every copy s':>12} {'once s':>7} {'speed-up':>8}  "
