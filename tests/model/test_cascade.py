@@ -34,6 +34,8 @@ def decode_batches(draw):
     for slot in slots:
         group_of[slot] = draw(st.sampled_from([-1, 0, 0, 1, 1, 2]))
         shared[slot] = draw(st.integers(1, 9)) if group_of[slot] >= 0 else 0
+    if draw(st.booleans()):  # groups in consecutive rows, as the engine admits them
+        slots = sorted(slots, key=lambda slot: group_of[slot])
     lengths = [shared[s] + draw(st.integers(0, 6)) for s in slots]  # cached before the token
     running = [draw(st.sampled_from([True, True, True, False])) for _ in slots]
     seed = draw(st.integers(0, 10_000))
@@ -102,6 +104,49 @@ def test_a_plan_only_where_it_reads_less():
     assert got.place.tolist() == [0, 0, 1, 2, 3]
 
 
+def test_finished_rows_keep_consecutive_groups_reshaped():
+    """A row that decodes nothing sits in its group (its output is unused), so groups in
+    consecutive rows stay reshaped after some rows finish; a finished row may lead its
+    group only while its slot still holds the group's copy."""
+    def plan(running, group_of):
+        return plan_prefixes(list(range(8)), running, group_of, [4] * 8, CPU, 1, min_saved=1)
+
+    running = [True, True, False, True, False, True, True, True]
+    got = plan(running, [0, 0, 0, 0, 1, 1, 1, 1])
+    assert got is not None and got.in_order and got.sources.tolist() == [0, 4]
+    assert got.place.tolist() == list(range(8))
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(8, 2, 6, 8, generator=g), torch.randn(8, 2, 6, 8, generator=g)
+    for first in (0, 4):  # every slot of a group holds its copy, finished or not
+        k[first + 1:first + 4, :, :4], v[first + 1:first + 4, :, :4] = (
+            k[first:first + 1, :, :4], v[first:first + 1, :, :4])
+    q, mask = torch.randn(8, 2, 1, 8, generator=g), torch.ones(8, 1, 1, 6, dtype=torch.bool)
+    rows = torch.tensor(running)
+    torch.testing.assert_close(cascade_attention(q, k, v, mask, got)[rows],
+                               masked_attention(q, k, v, mask)[rows], atol=1e-6, rtol=0)
+    # row 4's slot no longer holds the copy: it cannot lead, so the rows are gathered
+    got = plan(running, [0, 0, 0, 0, -1, 1, 1, 1])
+    assert got is not None and not got.in_order and got.sources.tolist() == [0, 5]
+
+
+def test_a_group_twice_the_size_reads_in_runs_of_the_others():
+    """Two groups of one prompt make one cache group of 16 rows, not all consecutive,
+    beside a group of 8: cut into runs of 8, each reading its own first row's copy, the
+    rows stay reshaped."""
+    group_of = [0] * 8 + [1] * 8 + [0] * 8
+    got = plan_prefixes(list(range(24)), [True] * 24, group_of, [4] * 24, CPU, 1,
+                        min_saved=1)
+    assert got is not None and got.in_order and got.sources.tolist() == [0, 8, 16]
+    g = torch.Generator().manual_seed(1)
+    roots = torch.randn(2, 2, 2, 4, 8, generator=g)  # per group: keys, values
+    k, v = torch.randn(24, 2, 6, 8, generator=g), torch.randn(24, 2, 6, 8, generator=g)
+    for row, group in enumerate(group_of):
+        k[row, :, :4], v[row, :, :4] = roots[group]
+    q, mask = torch.randn(24, 2, 1, 8, generator=g), torch.ones(24, 1, 1, 6, dtype=torch.bool)
+    torch.testing.assert_close(cascade_attention(q, k, v, mask, got),
+                               masked_attention(q, k, v, mask), atol=1e-6, rtol=0)
+
+
 def test_the_cache_records_which_slots_hold_copies():
     cache = KVCache(1, num_slots=5, max_len=64, num_kv_heads=1, head_dim=4,
                     dtype=torch.float32)
@@ -164,14 +209,17 @@ def generate_both_ways(model, requests: list, plans: list) -> list:
     return shared
 
 
-def test_engine_generations_are_the_same_with_and_without_it(model, plans):
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_engine_generations_are_the_same_with_and_without_it(model, plans, interleaved):
     """Groups of one long prompt decode together; requests end at different lengths, so
-    groups shrink and the gathered path runs as well as the reshaped one."""
+    groups shrink. Requests of a group arriving together take consecutive slots and stay
+    reshaped as their rows finish; groups arriving interleaved are gathered."""
     prompts = [list(range(10 + g, 50 + g)) for g in range(3)]
-    requests = [(prompts[i // 4], SamplingParams(temperature=0.0, max_tokens=4 + 3 * (i % 4)))
+    requests = [(prompts[i % 3 if interleaved else i // 4],
+                 SamplingParams(temperature=0.0, max_tokens=4 + 3 * (i % 4)))
                 for i in range(12)]
     generate_both_ways(model, requests, plans)
-    assert {plan.in_order for _, plan in plans} == {True, False}
+    assert {plan.in_order for _, plan in plans} == {not interleaved}
 
 
 def test_groups_survive_running_requests_moving_down(model, plans):
