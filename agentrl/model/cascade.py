@@ -68,7 +68,7 @@ def plan_prefixes(slots: list[int], running: list[bool], group_of: list[int],
     layout = list(groups.values())
     runs = _in_runs(_seat_idle_rows(groups, slots, running, group_of))
     if _consecutive([rows for _, rows in runs], len(slots)) and all(
-            running[rows[0]] or (group_of[slots[rows[0]]] == key
+            running[rows[0]] or (key >= 0 and group_of[slots[rows[0]]] == key
                                  and shared[slots[rows[0]]] >= length)
             for key, rows in runs):  # each led by a row holding the shared positions
         layout = [rows for _, rows in runs]
@@ -97,7 +97,8 @@ def _seat_idle_rows(groups: dict[int, list[int]], slots: list[int], running: lis
         if runs:
             previous = group_of[slot] if group_of[slot] >= 0 else -1 - row
             continue
-        previous = group_of[slot] if group_of[slot] in seated else previous
+        own = group_of[slot]
+        previous = own if own >= 0 and own in seated else previous
         seated[previous].append(row)
     for rows in seated.values():
         rows.sort()
