@@ -67,11 +67,11 @@ def plan_prefixes(slots: list[int], running: list[bool], group_of: list[int],
         return None
     layout = list(groups.values())
     runs = _in_runs(_seat_idle_rows(groups, slots, running, group_of))
-    if _consecutive([rows for _, rows in runs], len(slots)) and all(
-            running[rows[0]] or (key >= 0 and group_of[slots[rows[0]]] == key
-                                 and shared[slots[rows[0]]] >= length)
-            for key, rows in runs):  # each led by a row holding the shared positions
-        layout = [rows for _, rows in runs]
+    seated = [rows for _, rows in runs]
+    if _consecutive(seated, len(slots)) and all(
+            _may_lead(key, rows, slots, running, group_of, shared, length)
+            for key, rows in runs):
+        layout = seated
     width = max(map(len, layout))
     members = [rows + rows[:1] * (width - len(rows)) for rows in layout]
     place = [0] * len(slots)
@@ -81,6 +81,19 @@ def plan_prefixes(slots: list[int], running: list[bool], group_of: list[int],
     return PrefixPlan(length, torch.tensor([rows[0] for rows in members], device=device),
                       torch.tensor(members, device=device), torch.tensor(place, device=device),
                       in_order=_consecutive(layout, len(slots)))
+
+
+def _may_lead(key: int, rows: list[int], slots: list[int], running: list[bool],
+              group_of: list[int], shared: list[int], length: int) -> bool:
+    """Whether a run's first row may be the one its running rows read the first
+    ``length`` positions from: it is the run's only running row (reading its own), or it
+    and every running row hold group ``key``'s copy of them (a group of one running row,
+    seated beside idle rows, may share fewer positions with its group than ``length``)."""
+    readers = [row for row in rows if running[row]]
+    if readers == rows[:1]:
+        return True
+    return key >= 0 and all(group_of[slots[row]] == key and shared[slots[row]] >= length
+                            for row in {rows[0], *readers})
 
 
 def _seat_idle_rows(groups: dict[int, list[int]], slots: list[int], running: list[bool],

@@ -129,6 +129,27 @@ def test_finished_rows_keep_consecutive_groups_reshaped():
     assert got is not None and not got.in_order and got.sources.tolist() == [0, 5]
 
 
+def test_a_lone_running_row_reads_its_own_positions_beside_idle_ones():
+    """Hypothesis found this: rows 0-2 share 2 positions; row 4, running alone in group
+    1, shares only 1 with idle rows 3 (which holds 2) and 5. Seating row 3 first must not
+    make row 4 read row 3's second position."""
+    running = [True, True, True, False, True, False]
+    group_of, shared = [0, 0, 0, 1, 1, 1], [2, 2, 2, 2, 1, 1]
+    got = plan_prefixes(list(range(6)), running, group_of, shared, CPU, 1, min_saved=1)
+    assert got is not None and got.length == 2
+    assert 4 in got.sources.tolist() and 3 not in got.sources.tolist()
+    g = torch.Generator().manual_seed(2)
+    roots = torch.randn(2, 2, 1, 2, 8, generator=g)  # per group: keys, values
+    k, v = torch.randn(6, 1, 4, 8, generator=g), torch.randn(6, 1, 4, 8, generator=g)
+    for row in range(6):
+        root, n = roots[group_of[row]], shared[row]
+        k[row, :, :n], v[row, :, :n] = root[0, :, :n], root[1, :, :n]
+    q, mask = torch.randn(6, 2, 1, 8, generator=g), torch.ones(6, 1, 1, 4, dtype=torch.bool)
+    rows = torch.tensor(running)
+    torch.testing.assert_close(cascade_attention(q, k, v, mask, got)[rows],
+                               masked_attention(q, k, v, mask)[rows], atol=1e-6, rtol=0)
+
+
 def test_a_group_twice_the_size_reads_in_runs_of_the_others():
     """Two groups of one prompt make one cache group of 16 rows, not all consecutive,
     beside a group of 8: cut into runs of 8, each reading its own first row's copy, the
