@@ -37,6 +37,34 @@ def test_scheduler_drives_optimizer_lr() -> None:
     assert np.allclose(seen, [0.05, 0.1, 0.1])
 
 
+def test_the_optimizer_is_fused_and_steps_like_torchs_default() -> None:
+    """Fused AdamW on a CPU: the same parameters as the per-operation implementation after
+    several steps (to float rounding), frozen parameters left out."""
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+              for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    for model in models:
+        model[0].bias.requires_grad_(False)
+    start = [p.detach().clone() for p in models[0].parameters()]
+    optim = OptimConfig(lr=0.05, weight_decay=0.1)
+    fused = build_optimizer(models[0], optim)
+    assert fused.param_groups[0]["fused"] is True
+    assert len(fused.param_groups[0]["params"]) == 3
+    plain = torch.optim.AdamW([p for p in models[1].parameters() if p.requires_grad],
+                              lr=0.05, weight_decay=0.1, foreach=False)
+    x = torch.randn(32, 8)
+    for _ in range(5):
+        for model, optimizer in zip(models, (fused, plain), strict=True):
+            optimizer.zero_grad()
+            model(x).square().mean().backward()
+            optimizer.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    moved = [not torch.equal(a, b) for a, b in zip(models[0].parameters(), start, strict=True)]
+    assert moved == [True, False, True, True]  # the frozen bias stays put
+
+
 def test_rng_capture_survives_json_and_restores_draws() -> None:
     import msgspec
 
