@@ -212,12 +212,15 @@ def report(
 class MicroBatch(msgspec.Struct, kw_only=True):
     """Rows packed into one dense row [1, T]; per-token fields are aligned to targets.
 
-    Position t predicts ``target_ids[0, t]`` (the next token of the same row); the last
-    position of each row predicts nothing (mask 0).
+    Position t predicts ``target_ids[0, t]`` (the next token of the same row). A row's
+    last token, which predicts nothing and which nothing attends to, is left out
+    (:func:`dead_ends`); a shared prefix keeps its last token, which predicts nothing
+    (mask 0).
     """
 
     input_ids: torch.Tensor
-    """[1, T] int64: the rows' tokens, concatenated."""
+    """[1, T] int64: the rows' tokens, concatenated (each without its last token where
+    :func:`dead_ends` leaves it out)."""
     position_ids: torch.Tensor
     """[1, T] int64: restart at 0 at every row (a row after a shared prefix goes on from
     the prefix's length)."""
@@ -357,32 +360,53 @@ def collate(
     targets = torch.roll(ids, -1).masked_fill(is_last, 0)
     target_mask = torch.roll(mask, -1).masked_fill(is_last, 0.0) * valid[row_of]
     target_logprobs = torch.roll(logprobs, -1).masked_fill(is_last, 0.0) * target_mask
-    ages = None
+    per_token = {"ids": ids, "positions": positions, "targets": targets,
+                 "mask": target_mask, "logprobs": target_logprobs,
+                 "advantages": adv[row_of] * target_mask}
     if trained_version is not None:
         versions = torch.cat([token_versions(source[p.row].version_runs,
                                              len(source[p.row].token_ids),
                                              trained_version)[p.start:p.end]
                               for p in segments])
-        ages = (trained_version - torch.roll(versions, -1)) * target_mask.long()
+        per_token["ages"] = (trained_version - torch.roll(versions, -1)) * target_mask.long()
+    # the tokens that do no work leave: they read nothing another position uses
+    dead = torch.tensor(dead_ends(segments), dtype=torch.bool)
+    alive = torch.ones(total, dtype=torch.bool)
+    alive[cu[1:].to(torch.int64)[dead] - 1] = False
+    kept = {name: tensor[alive] for name, tensor in per_token.items()}
+    lengths -= dead.long()
+    total = int(lengths.sum())
+    cu[1:] = torch.cumsum(lengths, 0).to(torch.int32)
     prefix_of = tuple(p.prefix for p in segments)
     return MicroBatch(
-        input_ids=ids[None],
-        position_ids=positions[None],
+        input_ids=kept["ids"][None],
+        position_ids=kept["positions"][None],
         cu_seqlens=cu,
-        target_ids=targets[None],
-        loss_mask=target_mask[None],
-        engine_logprobs=target_logprobs[None],
-        old_logprobs=target_logprobs[None].clone(),
-        advantages=(adv[row_of] * target_mask)[None],
-        ages=None if ages is None else ages[None],
-        head_positions=torch.cat([target_mask.nonzero().squeeze(-1),
+        target_ids=kept["targets"][None],
+        loss_mask=kept["mask"][None],
+        engine_logprobs=kept["logprobs"][None],
+        old_logprobs=kept["logprobs"][None].clone(),
+        advantages=kept["advantages"][None],
+        ages=kept["ages"][None] if "ages" in kept else None,
+        head_positions=torch.cat([kept["mask"].nonzero().squeeze(-1),
                                   torch.arange(total - padding, total - padding + head_padding)]),
         head_padding=head_padding,
         bounds=tuple(cu.tolist()),
         prefix_of=prefix_of if any(p >= 0 for p in prefix_of) else (),
         num_rows=len(chosen),
-        num_tokens=int(target_mask.sum()),
+        num_tokens=int(kept["mask"].sum()),
     )
+
+
+def dead_ends(segments: Sequence[Piece]) -> list[bool]:
+    """Per segment, whether its last token does no work in training, so ``collate`` leaves
+    it out: a row's last token predicts nothing, and no position attends to it unless
+    other segments continue after it (a shared prefix). Padding and one-token segments
+    keep theirs. Measured on the 8-layer bench shape, 128 rows of ~41 own tokens each: 2%
+    of an update's tokens."""
+    continued = {p.prefix for p in segments}
+    return [p.row >= 0 and p.end - p.start > 1 and i not in continued
+            for i, p in enumerate(segments)]
 
 
 def shape_padding(rows: Sequence[Row], segments: Sequence[Piece], multiple: int
@@ -393,7 +417,7 @@ def shape_padding(rows: Sequence[Row], segments: Sequence[Piece], multiple: int
     padding segment is made long enough to hold them). (0, 0) for a multiple of 1."""
     if multiple == 1:
         return 0, 0
-    tokens = sum(p.end - p.start for p in segments)
+    tokens = sum(p.end - p.start for p in segments) - sum(dead_ends(segments))
     # a segment's position t is trained when token t + 1 was generated and the row is valid
     heads = sum(sum(rows[p.row].loss_mask[p.start + 1:p.end]) for p in segments
                 if rows[p.row].valid)

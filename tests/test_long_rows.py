@@ -35,7 +35,7 @@ def test_one_32k_packed_row_equals_the_rows_split_by_budget() -> None:
     rows, advantages = _rows()
     model = make_model()
     packed = [collate(rows, advantages, range(len(rows)))]
-    assert packed[0].input_ids.shape == (1, 32768)
+    assert packed[0].input_ids.shape == (1, 32768 - len(LENGTHS))  # no row's last token
     model.configure_memory(activation_checkpointing=True, logprob_chunk_tokens=4096)
     one = gradient(model, packed, CFG)
 

@@ -108,18 +108,21 @@ def test_collate_positions_targets_and_advantage_placement() -> None:
     b = _row([20, 21, 22], [0, 1, 1], rid="b")
     c = _row([30, 31], [0, 1], valid=False, rid="c")
     mb = collate([a, b, c], [0.5, -2.0, 7.0], [1, 0, 2])  # order b, a, c
-    assert mb.cu_seqlens.tolist() == [0, 3, 9, 11]
+    # each row's last token predicts nothing and nothing attends to it: it is left out
+    assert mb.cu_seqlens.tolist() == [0, 2, 7, 8]
     assert mb.cu_seqlens.dtype == torch.int32
-    assert mb.position_ids[0].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 5, 0, 1]
-    assert mb.input_ids[0].tolist() == [20, 21, 22, 10, 11, 12, 13, 14, 15, 30, 31]
-    # targets are the next token of the same row; a row's last position predicts nothing
-    assert mb.target_ids[0].tolist() == [21, 22, 0, 11, 12, 13, 14, 15, 0, 31, 0]
+    assert mb.bounds == (0, 2, 7, 8)
+    assert mb.position_ids[0].tolist() == [0, 1, 0, 1, 2, 3, 4, 0]
+    assert mb.input_ids[0].tolist() == [20, 21, 10, 11, 12, 13, 14, 30]
+    # targets are the next token of the same row, the left-out last one included
+    assert mb.target_ids[0].tolist() == [21, 22, 11, 12, 13, 14, 15, 31]
     # mask: the *target* was generated and the row is valid (row c is invalid)
-    assert mb.loss_mask[0].tolist() == [1, 1, 0, 0, 1, 1, 0, 1, 0, 0, 0]
+    assert mb.loss_mask[0].tolist() == [1, 1, 0, 1, 1, 0, 1, 0]
     # the advantage reaches each generated token of its row, no prompt/observation token
-    assert mb.advantages[0].tolist() == [-2, -2, 0, 0, 0.5, 0.5, 0, 0.5, 0, 0, 0]
-    expected_lp = [-0.2, -0.3, 0, 0, -0.3, -0.4, 0, -0.6, 0, 0, 0]
+    assert mb.advantages[0].tolist() == [-2, -2, 0, 0.5, 0.5, 0, 0.5, 0]
+    expected_lp = [-0.2, -0.3, 0, -0.3, -0.4, 0, -0.6, 0]
     assert mb.engine_logprobs[0].tolist() == pytest.approx(expected_lp)
+    assert mb.head_positions.tolist() == [0, 1, 3, 4, 6]
     assert torch.equal(mb.old_logprobs, mb.engine_logprobs)
     assert mb.num_tokens == 5 and mb.num_rows == 3
 
@@ -149,6 +152,6 @@ def test_collate_advantage_only_on_generated_targets(spec: list[tuple[int, int]]
     cu = mb.cu_seqlens.tolist()
     for k, row in enumerate(rows):
         adv = mb.advantages[0, cu[k] : cu[k + 1]].tolist()
-        expected = [advs[k] * m for m in row.loss_mask[1:]] + [0.0]
-        assert adv == expected
+        expected = [advs[k] * m for m in row.loss_mask[1:]]  # the last token left out
+        assert adv == (expected or [0.0])  # a one-token row keeps its token
     assert mb.num_tokens == sum(sum(r.loss_mask[1:]) for r in rows)

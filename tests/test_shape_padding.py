@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from agentrl.loss import LossConfig
 from agentrl.model.logprobs import chunked_target_logprobs
-from agentrl.packing import collate, shape_padding
+from agentrl.packing import collate, dead_ends, shape_padding
 from agentrl.shared_prefix import pieces
 from agentrl.train.update import forward_backward, score, target_scores, with_logprobs
 from tests.test_shared_prefix import MODEL, group_rows
@@ -82,7 +82,8 @@ def test_padding_is_long_enough_to_hold_the_head_padding() -> None:
     rng = random.Random(3)
     rows = group_rows(rng, "g", 20, 4)
     segments = pieces(rows, True)
-    tokens = sum(p.end - p.start for p in segments)
+    tokens = sum(p.end - p.start for p in segments) - sum(dead_ends(segments))
+    assert sum(dead_ends(segments)) == len(rows)  # every row's last token; not the prefix's
     for multiple in (1, 4, 32, 64, 128):
         padding, head_padding = shape_padding(rows, segments, multiple)
         assert (tokens + padding) % multiple == 0 and head_padding <= padding

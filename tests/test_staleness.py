@@ -99,8 +99,9 @@ def test_collate_expands_versions_into_per_target_ages() -> None:
                     _rollout("a-1", "x", _segment([2], num_prompt=3))])
     mb = collate(rows, [0.5, -0.5], [0, 1], trained_version=4)
     # position t predicts token t+1: targets of row 0 are tokens 1..4, row 1 tokens 1..3
-    assert mb.loss_mask[0].tolist() == [0, 1, 1, 1, 0, 0, 0, 1, 0]
-    assert mb.ages[0].tolist() == [0, 1, 1, 0, 0, 0, 0, 2, 0]
+    # (each row's last token predicts nothing and is left out)
+    assert mb.loss_mask[0].tolist() == [0, 1, 1, 1, 0, 0, 1]
+    assert mb.ages[0].tolist() == [0, 1, 1, 0, 0, 0, 2]
     assert collate(rows, [0.5, -0.5], [0, 1]).ages is None
     assert collate(rows, [0.5, -0.5], [], trained_version=4).ages.tolist() == [[0]]
 

@@ -198,6 +198,27 @@ def test_packed_scores_equal_per_row_scores(setup) -> None:
     assert torch.allclose(packed, torch.cat(per_row, dim=1), atol=1e-6)
 
 
+def test_packed_scores_equal_a_dense_forward_of_every_whole_row(setup) -> None:
+    """Each row's last token is left out of the pack (it predicts nothing, nothing attends
+    to it), yet every generated token, the last one included, gets the log-prob a dense
+    forward of the whole row gives it."""
+    model, rows, advantages, _ = setup
+    mb = micro_batches_for(rows, advantages, [list(range(len(rows)))])[0]
+    assert mb.input_ids.shape[1] == sum(len(r.token_ids) - 1 for r in rows)
+    packed = score(model, [mb])[0][mb.loss_mask.bool()]
+    dense = []
+    with torch.no_grad():
+        for row in rows:
+            ids = torch.tensor([row.token_ids])
+            logprobs = torch.log_softmax(model(ids)[0, :-1].float(), dim=-1)
+            scored = logprobs.gather(1, ids[0, 1:, None])[:, 0]
+            dense.append(scored[torch.tensor(row.loss_mask[1:], dtype=torch.bool)]
+                         if row.valid else scored[:0])
+    assert packed.numel() == sum(sum(r.loss_mask[1:]) for r in rows if r.valid)
+    assert any(r.loss_mask[-1] for r in rows if r.valid)  # last tokens among them
+    torch.testing.assert_close(packed, torch.cat(dense), atol=1e-5, rtol=0)
+
+
 def test_plan_with_empty_micro_batches_runs() -> None:
     model = make_model()
     rows, advantages = make_rows(num_rows=3)
