@@ -8,7 +8,9 @@ TRL through its own tool calling with the same tool schema), with the same batch
 token-level loss (TRL ``loss_type = "dapo"``), group-normalized advantages, no KL,
 temperature 1. Prints steps per minute,
 agentrl's generate/train split, peak resident memory and mean reward of each, and the
-agentrl / TRL ratio. TRL runs in its own venv (``--trl-venv``, default ``.venv-trl``),
+agentrl / TRL ratio; over several ``--seeds`` the ratios' median, least, and geometric mean
+with its 95% interval (each seed runs both frameworks one after the other, so the pair
+shares the machine's load). TRL runs in its own venv (``--trl-venv``, default ``.venv-trl``),
 created with ``pip install trl==1.16.0 torch==2.13.0 msgspec gymnasium`` when missing.
 
     python -m bench.peers.trl_grpo                 # 20 steps, 16 prompts x 8 samples
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -151,6 +154,24 @@ def trl_precision(used: dict) -> str:
             + (", gradient checkpointing" if used["gradient_checkpointing"] else ""))
 
 
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+"""Student's t 0.975 quantiles for 1 to 10 degrees of freedom."""
+
+
+def ratio_interval(ratios: list[float]) -> tuple[float, float, float]:
+    """The geometric mean of per-seed speed ratios and its 95% interval (Student's t over
+    their logarithms: each seed pairs one run of each framework under the same load).
+    Past 10 degrees of freedom the t quantile comes from its Cornish-Fisher expansion."""
+    logs = [math.log(r) for r in ratios]
+    centre = statistics.mean(logs)
+    df = len(logs) - 1
+    z = 1.959964
+    t = T_975[df - 1] if df <= len(T_975) else (
+        z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2))
+    half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
+
+
 def main() -> None:
     """Run both on the same spec, agentrl first, once per seed, and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -212,8 +233,10 @@ def main() -> None:
         print(f"  agentrl / TRL steps per minute: {ratios[-1]:.2f}x")
     if len(runs) > 1:
         rewards = [[r["reward"] for r in pair] for pair in runs]
+        centre, low, high = ratio_interval(ratios)
         print(f" over {len(runs)} seeds: agentrl / TRL steps per minute median "
-              f"{statistics.median(ratios):.2f}x (min {min(ratios):.2f}x); mean reward "
+              f"{statistics.median(ratios):.2f}x (min {min(ratios):.2f}x), geometric mean "
+              f"{centre:.2f}x (95% interval {low:.2f} to {high:.2f}x); mean reward "
               f"agentrl {statistics.mean(r[0] for r in rewards):.3f} "
               f"(sd {statistics.stdev(r[0] for r in rewards):.3f}), TRL "
               f"{statistics.mean(r[1] for r in rewards):.3f} "
