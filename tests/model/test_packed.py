@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrl.model import load_pretrained, positions_from_cu_seqlens, varlen_attention
-from agentrl.model.attention import length_buckets
+from agentrl.model.attention import equal_runs, length_buckets
 
 
 @pytest.fixture(scope="module", params=["tiny_qwen2", "tiny_qwen3"])
@@ -182,3 +182,68 @@ def test_bf16_attention_on_a_cpu_is_the_float32_attention_rounded(prefixed):
     for a, b in zip(half, full, strict=True):
         assert a.grad.dtype == torch.bfloat16
         assert torch.allclose(a.grad.float(), b.grad, atol=0.05, rtol=0.05)
+
+
+def prefixed_reference(q, k, v, bounds, prefix_of):
+    """fp64 attention where a segment sees its own earlier tokens and, when it continues a
+    prefix segment, all of that segment's tokens first."""
+    total, heads, dim = q.shape
+    k = k.repeat_interleave(heads // k.shape[1], dim=1).double()
+    v = v.repeat_interleave(heads // v.shape[1], dim=1).double()
+    lengths = torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+    segment = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    parent = torch.tensor(prefix_of)[segment]
+    pos = torch.arange(total)
+    allowed = ((segment[:, None] == segment[None, :]) & (pos[None, :] <= pos[:, None])) | (
+        parent[:, None] == segment[None, :])
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k) / dim**0.5
+    weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    return torch.einsum("hqk,khd->qhd", weights, v)
+
+
+@settings(max_examples=40, deadline=None)
+@given(units=st.lists(st.tuples(st.integers(0, 5),
+                                st.lists(st.sampled_from([1, 3, 4, 4, 4]), min_size=1,
+                                         max_size=5)), min_size=1, max_size=4),
+       kv_heads=st.sampled_from([1, 2]))
+def test_rows_after_shared_prefixes_attend_like_the_reference(units, kv_heads):
+    """Rows of one length back to back (a run, attended as a view of the pack), rows
+    alone (stacked by length), with and without a shared prefix before them: outputs and
+    gradients equal the fp64 reference."""
+    lengths, prefix_of = [], []
+    for prefix, rows in units:
+        parent = -1
+        if prefix:
+            prefix_of.append(-1)
+            lengths.append(prefix)
+            parent = len(lengths) - 1
+        for n in rows:
+            prefix_of.append(parent)
+            lengths.append(n)
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    gen = torch.Generator().manual_seed(len(lengths) * 31 + bounds[-1])
+    leaves = [torch.randn(bounds[-1], h, 8, generator=gen, requires_grad=True)
+              for h in (4, kv_heads, kv_heads)]
+    weights = torch.randn(bounds[-1], 4, 8, generator=gen)
+    out = varlen_attention(*leaves, torch.tensor(bounds), max(lengths), "torch", bounds,
+                           prefix_of=prefix_of)
+    (out * weights).sum().backward()
+    ours = [t.grad.clone() for t in leaves]
+    for t in leaves:
+        t.grad = None
+    expected = prefixed_reference(*leaves, bounds, prefix_of)
+    (expected * weights.double()).sum().backward()
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+    for a, t in zip(ours, leaves, strict=True):
+        torch.testing.assert_close(a, t.grad.float(), atol=1e-5, rtol=0)
+
+
+def test_equal_runs_keep_a_continued_prefix_alone():
+    # [prefix 6][4][4][4][3][prefix 6][4][4] and two unshared rows of 5
+    lengths = [6, 4, 4, 4, 3, 6, 4, 4, 5, 5]
+    parents = [-1, 0, 0, 0, 0, -1, 5, 5, -1, -1]
+    assert equal_runs(lengths, parents) == [[0], [1, 2, 3], [4], [5], [6, 7], [8, 9]]
+    # a prefix never joins the unshared rows of its length before it
+    assert equal_runs([3, 3, 2], [-1, -1, 1]) == [[0], [1], [2]]
