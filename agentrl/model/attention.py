@@ -169,48 +169,59 @@ def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
 def _torch_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    bounds: Sequence[int], prefix_of: Sequence[int] | None = None
                    ) -> torch.Tensor:
-    """Causal SDPA within each row, as few calls as the rows allow.
+    """Causal SDPA within each row, as few calls and copies as the rows allow.
 
     On CPU a pack of many short rows (GRPO: 128 completions of ~100 tokens) spends its
     time in per-call overhead and copies, and slicing each row out of q, k, v costs a
     full-size zero-and-add per slice in backward (quadratic in the rows). So the pack is
     cut with one ``split`` into runs of consecutive rows of one length that continue the
-    same prefix (:func:`equal_runs`). A run of several rows is attended as a view of the
-    pack, [n, H, L, D], with no copy (a group's samples that all reached the token limit:
-    8-layer bench micro-batch forward and backward 11.2 to 12.2 → 8.1 to 8.4 ms); the
-    rows left alone are stacked by length (:func:`length_buckets`) into one call each.
-    The outputs are concatenated back in pack order: every backward is one cat or one
-    split, and autograd saves the same bytes as one call per row. A row after a shared
-    prefix (``prefix_of``) takes the prefix's keys and values before its own, under a
-    causal mask aligned to its last key."""
+    same prefix (:func:`equal_runs`). Where some run holds several rows (a group's
+    samples that all reached the token limit), every run is attended as a view of the
+    pack, [n, H, L, D], with no copy: 8-layer bench micro-batch forward and backward 11.2
+    to 12.2 → 8.1 to 8.4 ms. (Stacking the other rows would copy what the views already
+    keep alive for backward.) Otherwise rows of one length are stacked into one call each
+    (:func:`length_buckets`). The outputs are concatenated back in pack order: every
+    backward is one cat or one split. A row after a shared prefix (``prefix_of``) takes
+    the prefix's keys and values before its own, under a causal mask aligned to its last
+    key."""
     if upcast_on_cpu(q):  # once for the pack, not per bucket in _sdpa
         return _torch_per_row(q.float(), k.float(), v.float(), bounds, prefix_of).to(q.dtype)
     lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
     parents = list(prefix_of) if prefix_of else [-1] * len(lengths)
     runs = equal_runs(lengths, parents)
+    if all(len(run) == 1 for run in runs):
+        return _stacked_by_length(q, k, v, lengths, parents)
     pieces = [t.split([bounds[run[-1] + 1] - bounds[run[0]] for run in runs])
               for t in (q, k, v)]
     piece_of = {run[0]: j for j, run in enumerate(runs)}  # a prefix is a run of its own
-    outs: list[torch.Tensor | None] = [None] * len(runs)
+    outs = []
     for j, run in enumerate(runs):
-        if len(run) > 1 and lengths[run[0]]:
-            parent = parents[run[0]]
-            outs[j] = _attend_rows(pieces[0][j], pieces[1][j], pieces[2][j], len(run),
-                                   *((pieces[1][piece_of[parent]], pieces[2][piece_of[parent]])
-                                     if parent >= 0 else ()))
-    alone = [j for j, run in enumerate(runs) if len(run) == 1]
-    spans = [lengths[parents[runs[j][0]]] if parents[runs[j][0]] >= 0 else 0 for j in alone]
-    for bucket in length_buckets([lengths[runs[j][0]] for j in alone], spans):
-        chosen = [alone[b] for b in bucket]
-        parent = [piece_of[parents[runs[j][0]]] for j in chosen] if spans[bucket[0]] else []
-        qs = torch.stack([pieces[0][j] for j in chosen]).transpose(1, 2)
-        ks, vs = (torch.stack([torch.cat([rows[p], rows[j]]) for p, j in zip(parent, chosen,
-                                                                           strict=True)]
-                              if parent else [rows[j] for j in chosen]).transpose(1, 2)
-                  for rows in pieces[1:])
-        attended = prefixed_attention(qs, ks, vs) if parent else causal_attention(qs, ks, vs)
-        for j, out in zip(chosen, attended.transpose(1, 2).unbind(0), strict=True):
-            outs[j] = out
+        parent = parents[run[0]]
+        if lengths[run[0]]:
+            outs.append(_attend_rows(pieces[0][j], pieces[1][j], pieces[2][j], len(run),
+                                     *((pieces[1][piece_of[parent]],
+                                        pieces[2][piece_of[parent]]) if parent >= 0 else ())))
+    return torch.cat(outs)
+
+
+def _stacked_by_length(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       lengths: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+    """:func:`_torch_per_row` for rows cut one by one: those of one length (and prefix
+    length) stacked into one SDPA call, the outputs put back in pack order."""
+    rows = [t.split(list(lengths)) for t in (q, k, v)]
+    outs: list[torch.Tensor | None] = [None] * len(lengths)
+    spans = [lengths[p] if p >= 0 else 0 for p in parents]
+    for bucket in length_buckets(lengths, spans):
+        qs = torch.stack([rows[0][i] for i in bucket]).transpose(1, 2)
+        if spans[bucket[0]]:
+            ks, vs = ([torch.cat([r[parents[i]], r[i]]) for i in bucket] for r in rows[1:])
+            attended = prefixed_attention(qs, torch.stack(ks).transpose(1, 2),
+                                          torch.stack(vs).transpose(1, 2))
+        else:
+            ks, vs = (torch.stack([r[i] for i in bucket]).transpose(1, 2) for r in rows[1:])
+            attended = causal_attention(qs, ks, vs)
+        for i, out in zip(bucket, attended.transpose(1, 2).unbind(0), strict=True):
+            outs[i] = out
     kept = [out for out in outs if out is not None]
     return torch.cat(kept) if kept else torch.zeros_like(q)
 

@@ -247,3 +247,25 @@ def test_equal_runs_keep_a_continued_prefix_alone():
     assert equal_runs(lengths, parents) == [[0], [1, 2, 3], [4], [5], [6, 7], [8, 9]]
     # a prefix never joins the unshared rows of its length before it
     assert equal_runs([3, 3, 2], [-1, -1, 1]) == [[0], [1], [2]]
+
+
+@pytest.mark.parametrize("lengths, viewed", [([5, 4, 4, 4, 3], True), ([5, 4, 3, 4], False)])
+def test_a_run_of_rows_is_attended_in_place_and_lone_rows_are_stacked(lengths, viewed):
+    """Where some rows of one length sit back to back after one prefix, attention reads
+    every row straight from the pack (backward keeps the pack's q, not copies of it);
+    otherwise rows of one length are stacked into copies, one call each."""
+    prefix_of = [-1] + [0] * (len(lengths) - 1)
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    q, k, v = (torch.randn(bounds[-1], h, 8, requires_grad=True) for h in (4, 2, 2))
+    saved = set()
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        saved.add(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        varlen_attention(q, k, v, torch.tensor(bounds), max(lengths), "torch", bounds,
+                         prefix_of=prefix_of)
+    assert (q.untyped_storage().data_ptr() in saved) is viewed
