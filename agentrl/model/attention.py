@@ -201,7 +201,7 @@ def _torch_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             outs.append(_attend_rows(pieces[0][j], pieces[1][j], pieces[2][j], len(run),
                                      *((pieces[1][piece_of[parent]],
                                         pieces[2][piece_of[parent]]) if parent >= 0 else ())))
-    return torch.cat(outs)
+    return torch.cat(outs) if outs else torch.zeros_like(q)
 
 
 def _stacked_by_length(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -235,8 +235,8 @@ def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: int,
     D]) when one is given. Returns [rows * L, H, D]."""
     heads, dim = q.shape[1:]
     length = q.shape[0] // rows
-    qs = q.view(rows, length, heads, dim).transpose(1, 2)
-    ks, vs = (t.view(rows, length, *t.shape[1:]) for t in (k, v))
+    qs = q.reshape(rows, length, heads, dim).transpose(1, 2)  # a view of a packed q
+    ks, vs = (t.reshape(rows, length, *t.shape[1:]) for t in (k, v))
     if prefix_k is None or prefix_v is None:
         out = causal_attention(qs, ks.transpose(1, 2), vs.transpose(1, 2))
     else:

@@ -269,3 +269,9 @@ def test_a_run_of_rows_is_attended_in_place_and_lone_rows_are_stacked(lengths, v
         varlen_attention(q, k, v, torch.tensor(bounds), max(lengths), "torch", bounds,
                          prefix_of=prefix_of)
     assert (q.untyped_storage().data_ptr() in saved) is viewed
+
+
+def test_a_pack_of_empty_rows_attends_to_nothing():
+    q, k, v = (torch.randn(0, h, 8) for h in (4, 2, 2))
+    out = varlen_attention(q, k, v, torch.tensor([0, 0, 0]), 0, "torch", [0, 0, 0])
+    assert out.shape == (0, 4, 8)
