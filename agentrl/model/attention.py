@@ -196,11 +196,11 @@ def _torch_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     piece_of = {run[0]: j for j, run in enumerate(runs)}  # a prefix is a run of its own
     outs = []
     for j, run in enumerate(runs):
+        if not lengths[run[0]]:
+            continue
         parent = parents[run[0]]
-        if lengths[run[0]]:
-            outs.append(_attend_rows(pieces[0][j], pieces[1][j], pieces[2][j], len(run),
-                                     *((pieces[1][piece_of[parent]],
-                                        pieces[2][piece_of[parent]]) if parent >= 0 else ())))
+        prefix = [kv[piece_of[parent]] for kv in pieces[1:]] if parent >= 0 else []
+        outs.append(_attend_rows(pieces[0][j], pieces[1][j], pieces[2][j], len(run), *prefix))
     return torch.cat(outs) if outs else torch.zeros_like(q)
 
 
