@@ -56,6 +56,7 @@ BUILTINS = {
     "agentrl/Python-v0": "environments.python:PythonEnv",
     "agentrl/Ledger-v0": "environments.ledger:LedgerEnv",
     "agentrl/DocQA-v0": "environments.docqa:DocQAEnv",
+    "agentrl/Drill-v0": "agentrl.curriculum.drills:DrillEnv",
 }
 """Built-in ids and their entry points (Ledger and KVStore are the long-horizon ones: in
 Ledger facts must survive compaction, in KVStore only the last turn matters; DocQA is the

@@ -20,7 +20,7 @@ SMALL = {"agentrl/KVStore-v0": {"chain_length": 3, "padding_words": 4},
 
 def test_every_builtin_is_registered():
     assert set(BUILTINS) <= set(registered_ids())
-    assert len(BUILTINS) == 7
+    assert len(BUILTINS) == 8
 
 
 @pytest.mark.parametrize("env_id", sorted(BUILTINS))
