@@ -3,7 +3,9 @@
 The baseline sees each rollout once, however many rows compaction split it into:
 group {g0: 1.0 in 4 rows, g1: 0.0 in 1 row} gives +0.5 / −0.5, never +0.2 / −0.8.
 Groups are keyed by ``group_id``, never by position, so groups of different sizes
-cannot be merged by a reshape.
+cannot be merged by a reshape. A rollout without rows (an agent program that answered
+without asking the model) still counts in its group when the rollouts are given: it has
+its reward and no tokens.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import msgspec
 import numpy as np
 
 from agentrl.reassembler import check_reward_copies, rollout_validity
-from agentrl.types import Row
+from agentrl.types import Rollout, Row
 
 STD_EPSILON = 1e-6
 """Added to the group's sample std (ddof=1) before dividing, with scale_by_std."""
@@ -77,13 +79,22 @@ def _estimator(name: str, scale_by_std: bool) -> Estimator:
 
 
 def rollout_advantages(
-    rows: Sequence[Row], estimator: str = "grpo", scale_by_std: bool = False
+    rows: Sequence[Row], estimator: str = "grpo", scale_by_std: bool = False,
+    rollouts: Sequence[Rollout] = (),
 ) -> dict[str, RolloutAdvantage]:
-    """One advantage per rollout, after checking that the reward copies agree."""
+    """One advantage per rollout, after checking that the reward copies agree.
+
+    ``rollouts``: the rollouts the rows came from; each of them is a member of its group
+    even without a row (its own reward and validity then stand for the row copies)."""
     estimate = _estimator(estimator, scale_by_std)
     rewards = check_reward_copies(rows)
     valid = rollout_validity(rows)
     groups: dict[str, dict[str, None]] = defaultdict(dict)  # insertion-ordered sets
+    for member in rollouts:
+        if member.rollout_id not in rewards:  # no rows: nothing else carries its reward
+            rewards[member.rollout_id] = member.reward
+            valid[member.rollout_id] = member.trainable
+        groups[member.group_id][member.rollout_id] = None
     for row in rows:
         groups[row.group_id][row.rollout_id] = None
     result: dict[str, RolloutAdvantage] = {}
@@ -101,12 +112,14 @@ def rollout_advantages(
 
 
 def compute_advantages(
-    rows: Sequence[Row], estimator: str = "grpo", scale_by_std: bool = False
+    rows: Sequence[Row], estimator: str = "grpo", scale_by_std: bool = False,
+    rollouts: Sequence[Rollout] = (),
 ) -> list[float]:
     """One advantage per row, in input order: its rollout's advantage, broadcast.
 
     Rows of invalid rollouts get 0; the loss also excludes them from its token count.
-    A group whose valid rewards are all equal gives 0 everywhere.
+    A group whose valid rewards are all equal gives 0 everywhere. ``rollouts``: as for
+    :func:`rollout_advantages` (a rollout without rows counts in its group's baseline).
     """
-    per_rollout = rollout_advantages(rows, estimator, scale_by_std)
+    per_rollout = rollout_advantages(rows, estimator, scale_by_std, rollouts)
     return [per_rollout[row.rollout_id].advantage for row in rows]

@@ -378,7 +378,8 @@ class EndpointConfig(_Section):
     host: str = "127.0.0.1"
     """Address to listen on; programs on other machines need an address they reach."""
     port: NonNegativeInt = 0
-    """TCP port; 0 picks a free one."""
+    """TCP port; 0 picks a free one. The training endpoint's: a validation's endpoint
+    always listens on a free port of ``host`` (the training one keeps this port)."""
     model_name: str = "policy"
     """The model name requests must give (client_config["model"], OPENAI_MODEL)."""
 

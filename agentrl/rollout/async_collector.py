@@ -86,7 +86,8 @@ class AsyncCollector:
         with self._lock:
             while step not in self._ready:
                 if self._error is not None:
-                    raise RuntimeError("the rollout collector failed") from self._error
+                    raise RuntimeError(f"the rollout collector failed: {self._error}") \
+                        from self._error
                 if not self._thread.is_alive():
                     raise RuntimeError(f"the rollout collector stopped before step {step}")
                 self._lock.wait(POLL_S)
@@ -229,9 +230,22 @@ class AsyncCollector:
         if self._pending is None or version > self._pending[0]:
             self._pending = (version, snapshot)
         if self.inflight_updates or self._keeps_versions():
-            self._apply_pending(in_flight=True)
+            try:
+                self._apply_pending(in_flight=True)
+            except Exception as exc:  # a loop callback's error would only be logged
+                self._stop_with(exc)
+                return
         assert self._weights_arrived is not None
         self._weights_arrived.set()
+
+    def _stop_with(self, error: BaseException) -> None:
+        """Hand ``error`` to the trainer (its next :meth:`next_collection` raises it) and
+        stop collecting: a failed weight sync must stop the run, not leave it waiting
+        for weights that never arrive."""
+        with self._lock:
+            self._error = self._error or error
+            self._lock.notify_all()
+        self._cancel()
 
     def _apply_pending(self, in_flight: bool) -> None:
         if self._pending is None:

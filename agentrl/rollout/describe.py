@@ -21,7 +21,7 @@ def describe_batch(
 ) -> str:
     """The batch as text, ending with the counts the token-level loss normalizes by."""
     rows = to_rows(rollouts)
-    advantages = rollout_advantages(rows, estimator, scale_by_std)
+    advantages = rollout_advantages(rows, estimator, scale_by_std, rollouts)
     rows_of: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
         rows_of[row.rollout_id].append(row)

@@ -86,7 +86,9 @@ async def eval_rollouts(
     if any(env.harness is not None for env in config.environments):
         from agentrl.rollout.harness_endpoint import HarnessEndpoint
 
-        endpoint = HarnessEndpoint(engine, tokenizer, rollout_cfg, config.endpoint)
+        # a port of its own: during training the run's endpoint keeps endpoint.port
+        own = msgspec.structs.replace(config.endpoint, port=0)
+        endpoint = HarnessEndpoint(engine, tokenizer, rollout_cfg, own)
 
     async def one(env_config: EnvironmentConfig, index: int) -> Rollout:
         name = env_config.display_name()

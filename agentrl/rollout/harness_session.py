@@ -141,6 +141,9 @@ class HarnessSession:
         self.num_completions = 0
         """Requests answered with a generation."""
         self.num_generated_tokens = 0
+        self.num_reserved_tokens = 0
+        """Tokens granted to requests in flight (``max_tokens`` each): concurrent requests
+        share what is left of the budget instead of each being granted all of it."""
         self.compactions: Counter[str] = Counter()
         self.num_drift = 0
         self.failure: tuple[str, str] | None = None
@@ -164,10 +167,13 @@ class HarnessSession:
             raise ChatError(400, "budget_exceeded", f"session {self.session_id!r}: "
                             f"{self.limits.max_requests} requests is its budget "
                             "(harness.max_requests, default rollout.max_turns)")
-        left = self.limits.max_generated_tokens - self.num_generated_tokens
+        left = (self.limits.max_generated_tokens - self.num_generated_tokens
+                - self.num_reserved_tokens)
         if left < 1:
             raise ChatError(400, "budget_exceeded", f"session {self.session_id!r}: it "
-                            f"generated {self.num_generated_tokens} tokens, its budget "
+                            f"generated {self.num_generated_tokens} tokens and requests in "
+                            f"flight hold {self.num_reserved_tokens} more; "
+                            f"{self.limits.max_generated_tokens} is its budget "
                             "(rollout.max_rollout_tokens)")
         if request.max_tokens is not None and request.max_tokens < 1:
             raise ChatError(400, "invalid_parameter", "max_tokens must be >= 1", "max_tokens")
@@ -176,6 +182,7 @@ class HarnessSession:
         max_tokens = min(request.max_tokens or left, self.limits.max_new_tokens, left)
         params = self.sampling(self.num_requests, request, max_tokens)
         self.num_requests += 1
+        self.num_reserved_tokens += max_tokens
         return ChatTurn(placement.prompt_ids, params, placement, request)
 
     def finish(self, turn: ChatTurn, generation: Generation, reply: dict[str, Any]) -> None:
@@ -198,11 +205,13 @@ class HarnessSession:
         thread.sent, thread.reply = turn.request.messages, Reply(generation.token_ids, reply)
         self.replies[reply_key(reply)] = thread.reply
         self.num_generated_tokens += len(generation.token_ids)
+        self.num_reserved_tokens -= turn.params.max_tokens
         self.num_completions += 1
 
     def abandon(self, turn: ChatTurn) -> None:
         """The request produced nothing (the client left, the engine failed)."""
         turn.placement.thread.busy = False
+        self.num_reserved_tokens -= turn.params.max_tokens
 
     def refuse(self, error: ChatError) -> None:
         """Remember why a request was refused: the rollout is invalid for that reason."""

@@ -101,6 +101,8 @@ class RolloutPlayer:
         """The rollout as it stands (also after a cancellation by the rollout timeout)."""
         if error is not None:
             self.fail(error)
+        if self.current is not None and self.segments and not any(self.current.loss_mask):
+            self._drop_unused_compaction()
         segments = list(self.segments)
         if self.current is not None:
             segments.append(self.current.build())
@@ -199,6 +201,8 @@ class RolloutPlayer:
             context.turns.append(turn)
             self.current.add_observation(delta_ids)
             return True
+        if not self._turn_follows():  # nothing would read a compacted context (or summary)
+            return True
         return await self._compact(compactor, context, turn, generated_ids, params)
 
     async def _compact_by_tool(self, context: ChatContext, compactor: Any,
@@ -260,6 +264,21 @@ class RolloutPlayer:
             self.tokenizer.decode(compacted.prompt_ids)))
         self.current = SegmentBuilder(compacted.prompt_ids)
         return True
+
+    def _turn_follows(self) -> bool:
+        """Whether the loop asks the model again: turns and generated tokens are left."""
+        return (self.stats.num_turns < self.config.max_turns
+                and self._generated_so_far() < self.config.max_rollout_tokens)
+
+    def _drop_unused_compaction(self) -> None:
+        """The rollout ended right after a compaction (a ``compact`` call on the last turn,
+        a timeout): its row would be all prompt, trained on nothing but still run forward
+        and backward; drop the row, and the compaction no turn used."""
+        self.current = None
+        last = self.stats.compactions[-1] if self.stats.compactions else None
+        if last is not None and last.segment == len(self.segments) - 1:
+            self.stats.compactions.pop()
+            self.stats.num_compactions -= 1
 
     def _truncate(self, reason: str) -> None:
         """End the rollout as truncated, with its reason (see ``TRUNCATION_REASONS``)."""

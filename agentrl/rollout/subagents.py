@@ -117,7 +117,10 @@ class ThreadView:
         calls = result.info.get("subagent_calls")
         if calls:
             results = await self.tree.run_calls(self, calls)
-            result = await env.complete_step(self.thread_id, results)
+            completed = await env.complete_step(self.thread_id, results)
+            # one turn, two calls: the reward ``step`` gave (a shaping bonus an override
+            # added) and ``complete_step``'s both count
+            result = completed._replace(reward=result.reward + completed.reward)
         if result.terminated and self.call is not None:
             self.answer = result.info.get("answer", action)
         return result

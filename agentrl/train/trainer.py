@@ -23,6 +23,7 @@ import gc
 import math
 import re
 import warnings
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -151,11 +152,12 @@ def train_step(run: Run, step: int,
         check_collection_size(len(rollouts), run.plan.num_rollouts, collection.stale_dropped)
         rows = to_rows(rollouts)
         advantages = compute_advantages(
-            rows, run.config.advantage.estimator, run.config.advantage.scale_by_std
+            rows, run.config.advantage.estimator, run.config.advantage.scale_by_std, rollouts
         )
         sample_figures = run.write_rollout_sample(step, rollouts, rows, advantages)
     with timer("train"):
-        updates, figures = run_updates(run, rows, advantages)
+        updates, figures = run_updates(run, rows, advantages,
+                                       [r.rollout_id for r in rollouts])
     with timer("sync"):
         run.sync_weights(version=step)
     run.record_trained(step, collection.groups)
@@ -211,13 +213,16 @@ def _natural_key(text: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
-def split_by_rollout(rows: list[Row], num_updates: int) -> list[list[int]]:
+def split_by_rollout(rows: list[Row], num_updates: int,
+                     rollout_ids: Sequence[str] = ()) -> list[list[int]]:
     """Row indices of each update: rollouts are dealt out whole, in order.
 
     Counted in rollouts (never rows): each update gets an equal share of the rollouts,
-    with all the rows of each of its rollouts.
+    with all the rows of each of its rollouts. ``rollout_ids``: every rollout of the
+    collection in order, so that one without rows (valid or not) still takes its place
+    in its update; rollouts only rows name come after them.
     """
-    rollout_ids = list(dict.fromkeys(row.rollout_id for row in rows))
+    rollout_ids = list(dict.fromkeys([*rollout_ids, *(row.rollout_id for row in rows)]))
     shares = np.array_split(np.arange(len(rollout_ids)), num_updates)
     update_of = {rollout_ids[i]: u for u, share in enumerate(shares) for i in share}
     chunks: list[list[int]] = [[] for _ in range(num_updates)]
@@ -226,15 +231,17 @@ def split_by_rollout(rows: list[Row], num_updates: int) -> list[list[int]]:
     return chunks
 
 
-def micro_batches(run: Run, rows: list[Row], advantages: list[float]) -> list[list[MicroBatch]]:
-    """Each update's micro-batches on this rank (every rank gets the same count)."""
-    num_rollouts = len({row.rollout_id for row in rows})
+def micro_batches(run: Run, rows: list[Row], advantages: list[float],
+                  rollout_ids: Sequence[str] = ()) -> list[list[MicroBatch]]:
+    """Each update's micro-batches on this rank (every rank gets the same count); updates
+    are dealt ``rollout_ids`` (see :func:`split_by_rollout`)."""
+    num_rollouts = len({*rollout_ids, *(row.rollout_id for row in rows)})
     num_updates = max(1, min(run.plan.num_updates, num_rollouts))
     budget = run.config.batch.max_tokens_per_microbatch
     batches = []
     share = run.share_prefixes
     with section("train/packing"):
-        for chunk in split_by_rollout(rows, num_updates):
+        for chunk in split_by_rollout(rows, num_updates, rollout_ids):
             units, lengths = (packing_units(rows, chunk, budget) if share else
                               ([[i] for i in chunk], [len(rows[i].token_ids) for i in chunk]))
             mine = plan_micro_batches(lengths, budget, run.world_size, run.cost)[run.rank]
@@ -245,10 +252,11 @@ def micro_batches(run: Run, rows: list[Row], advantages: list[float]) -> list[li
 
 
 def run_updates(
-    run: Run, rows: list[Row], advantages: list[float]
+    run: Run, rows: list[Row], advantages: list[float], rollout_ids: Sequence[str] = ()
 ) -> tuple[list[UpdateStats], dict[str, float]]:
-    """The collection's optimizer updates; returns their stats and extra figures."""
-    batches = micro_batches(run, rows, advantages)
+    """The collection's optimizer updates, dealt ``rollout_ids`` (the collection's, in
+    order: a rollout without rows keeps its place); returns their stats and figures."""
+    batches = micro_batches(run, rows, advantages, rollout_ids)
     temperature = run.config.rollout.temperature
     figures: dict[str, float] = {}
     if run.reference is not None:  # kl_coef != 0: the KL term needs π_ref at every token

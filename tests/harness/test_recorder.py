@@ -122,3 +122,30 @@ def test_the_reasons_of_harness_compactions(tokenizer) -> None:
     harness.session.close()
     assert dict(harness.session.compactions) == {"retry": 1, "dropped_messages": 1,
                                                  "rewritten": 1}
+
+
+def test_concurrent_requests_share_the_token_budget(tokenizer) -> None:
+    """Each request is granted only what requests in flight have not reserved: budget 40
+    and three concurrent requests of up to 16 get 16, 16 and 8, never 3 x 16 (or, before,
+    3 x 40 with a per-request cap of 40)."""
+    from agentrl.engines.chat_api import ChatError
+
+    session = HarnessSession(
+        "s", tokenizer, SessionLimits(10, 16, 40),
+        lambda i, r, n: SamplingParams(max_tokens=n, stop_token_ids=(tokenizer.eos_token_id,)),
+        lambda g: [0] * len(g.token_ids))
+
+    def request(n: int) -> ChatRequest:
+        return ChatRequest(model="m", messages=[*HEAD[:1], {"role": "user",
+                                                            "content": f"Branch {n}."}])
+
+    turns = [session.begin(request(n)) for n in range(3)]
+    assert [t.params.max_tokens for t in turns] == [16, 16, 8]
+    with pytest.raises(ChatError, match="requests in flight hold 40"):
+        session.begin(request(3))
+    ids = [*tokenizer.encode("ok"), tokenizer.eos_token_id]
+    session.finish(turns[0], Generation(ids, [-0.5] * len(ids), "stop"),
+                   assistant_reply("ok", iter(["c0"])))
+    session.abandon(turns[1])  # the client left: its grant returns to the budget
+    assert session.begin(request(4)).params.max_tokens == 16
+    assert session.num_generated_tokens + session.num_reserved_tokens <= 40

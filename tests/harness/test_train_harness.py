@@ -58,9 +58,9 @@ def test_two_training_steps_of_the_unmodified_agent(tmp_path, monkeypatch) -> No
 
     trained: list[tuple[list, list[float]]] = []
 
-    def spied_updates(run, rows, advantages):
+    def spied_updates(run, rows, advantages, *rest):
         trained.append((list(rows), list(advantages)))
-        return run_updates(run, rows, advantages)
+        return run_updates(run, rows, advantages, *rest)
 
     build_engine, run_updates = run_module.build_engine, trainer_module.run_updates
     monkeypatch.setattr(run_module, "build_engine", recording_engine)

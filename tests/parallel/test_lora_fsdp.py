@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
 from agentrl.config import LoRAConfig, OptimConfig
 from agentrl.model.lora import add_adapters, initial_adapter_state, is_adapter
@@ -47,6 +48,16 @@ def _lora_model(compute: torch.dtype) -> torch.nn.Module:
     return shard_model(model, compute if mixed else None, torch.device("cpu"))
 
 
+def _full_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Each adapter's whole gradient, summed over ranks as the update left it (fp32)."""
+    out = {}
+    for name, param in model.named_parameters():
+        if is_adapter(name):
+            grad = param.grad
+            out[name] = (grad.full_tensor() if isinstance(grad, DTensor) else grad).float()
+    return out
+
+
 def _train(rank: int, out_dir: str, compute_name: str) -> None:
     compute = getattr(torch, compute_name)
     world = groups.get_world_size()
@@ -55,6 +66,7 @@ def _train(rank: int, out_dir: str, compute_name: str) -> None:
             if not is_adapter(n)}
     optimizer = build_optimizer(model, OptimConfig(lr=1e-2))
     rows, advantages = make_rows(num_rows=NUM_UPDATES * ROWS_PER_UPDATE, seed=1)
+    gradients: list[dict[str, torch.Tensor]] = []
     for update in range(NUM_UPDATES):
         chunk = list(range(update * ROWS_PER_UPDATE, (update + 1) * ROWS_PER_UPDATE))
         lengths = [len(rows[i].token_ids) for i in chunk]
@@ -62,6 +74,7 @@ def _train(rank: int, out_dir: str, compute_name: str) -> None:
         mbs = micro_batches_for(rows, advantages, [[chunk[j] for j in mb] for mb in mine])
         optimizer.zero_grad(set_to_none=True)
         forward_backward(model, mbs, CFG)
+        gradients.append(_full_gradients(model))  # before clipping and AdamW rescale them
         clip_grad_norm(model, 1.0)
         optimizer.step()
     after = dict(iter_full_parameters(model))
@@ -69,6 +82,7 @@ def _train(rank: int, out_dir: str, compute_name: str) -> None:
     frozen = [p for n, p in model.named_parameters() if not is_adapter(n)]
     result = {
         "adapters": {n: t for n, t in after.items() if is_adapter(n)},
+        "gradients": gradients,
         "base_unchanged": all(torch.equal(after[n], t) for n, t in base.items()),
         "dtypes": {str(p.dtype) for p in frozen} | {f"adapter {p.dtype}" for p in adapters},
         "frozen_grads": [p.grad is not None for p in frozen],
@@ -100,7 +114,26 @@ def test_the_base_stays_frozen_in_the_compute_dtype_and_adapters_are_fp32(result
             assert result["optimizer_params"] == 2 * 7 * ARGS.num_hidden_layers
 
 
+def _assert_two_ranks_sum_the_gradient_of_one(results) -> None:
+    """Each update's adapter gradients, before clipping and the optimizer (AdamW's step
+    is blind to a uniform scale): two ranks summing their halves give the one-rank
+    gradient, to float (fp32) or bf16 rounding; a mean over ranks would halve it."""
+    compute = results[1][0]["compute"]
+    bound = 1e-5 if compute == "float32" else 2e-2
+    for update, one in enumerate(results[1][0]["gradients"]):
+        for rank in results[2]:
+            two = rank["gradients"][update]
+            flat_one = torch.cat([one[n].flatten() for n in sorted(one)])
+            flat_two = torch.cat([two[n].flatten() for n in sorted(one)])
+            assert flat_one.norm() > 1e-3  # not a comparison between zeros
+            error = float((flat_two - flat_one).norm() / flat_one.norm())
+            assert error <= bound, (update, error)
+
+
 def test_two_ranks_train_the_same_adapter_as_one(results) -> None:
+    # the reference that AdamW cannot hide a mis-scaled gradient from (measured: fp32
+    # 1e-7 to 5e-7, bf16 2e-3 at the first update and 7.5e-3 after AdamW's drift)
+    _assert_two_ranks_sum_the_gradient_of_one(results)
     one, two = results[1][0]["adapters"], results[2][0]["adapters"]
     start = initial_adapter_state(ARGS, LORA, seed=1)
     assert any(not torch.equal(one[n].float(), start[n]) for n in one if "lora_A" in n)

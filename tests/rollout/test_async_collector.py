@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from agentrl.engines.interface import SamplingParams
+from agentrl.engines.interface import SamplingParams, WeightSyncError
 from agentrl.engines.torch_engine import TorchEngine
 from agentrl.rollout.async_collector import AsyncCollector
 from agentrl.rollout.runner import CollectionResult
@@ -140,6 +140,44 @@ def test_collector_errors_reach_the_trainer() -> None:
         assert "environment exploded" in str(info.value.__cause__)
     finally:
         collector.close()
+
+
+class RefusingEngine(FakeEngine):
+    """A LoRA-like engine (takes each version at once) whose every sync fails."""
+
+    keeps_adapter_versions = True
+
+    def update_weights(self, named_tensors, version, *, in_flight=False) -> None:
+        raise WeightSyncError(f"adapter v{version} refused: out of adapter slots")
+
+
+@pytest.mark.parametrize("engine", [RefusingEngine(), None])
+def test_a_failed_in_flight_sync_stops_the_run_with_its_message(engine) -> None:
+    if engine is None:  # full weights, taken in flight
+        engine = FakeEngine()
+        engine.update_weights = RefusingEngine.update_weights.__get__(engine)
+    sampler = FakeSampler()
+    runner = FakeRunner(engine, sampler, seconds=0.2)  # collection 2 runs when v1 arrives
+    collector = AsyncCollector(runner, sampler, 1, max_staleness=1, first_step=1, last_step=4,
+                               inflight_updates=True)
+    outcome: list[BaseException] = []
+
+    def trainer() -> None:
+        try:
+            _train(collector, range(1, 5), seconds=0.0)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=trainer, daemon=True)
+    try:
+        worker.start()
+        worker.join(timeout=20)  # before the fix: collection 3 waits for v1 forever
+        assert not worker.is_alive(), "the trainer hangs waiting for weights"
+    finally:
+        collector.close()
+    [error] = outcome
+    assert isinstance(error, RuntimeError) and "adapter v1 refused" in str(error)
+    assert isinstance(error.__cause__, WeightSyncError)
 
 
 def test_close_while_waiting_for_weights_ends_the_thread() -> None:

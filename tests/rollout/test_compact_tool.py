@@ -227,3 +227,23 @@ def test_a_summary_request_always_fits_the_engine(tokenizer):
     room = plain + SUMMARY_REQUEST_TOKENS + 50
     assert max_len(strategy="summarize", summary_max_tokens=50) == room
     assert max_len(strategy="tool", fallback="summarize", summary_max_tokens=50) == room
+
+
+def test_a_compact_call_on_the_last_turn_leaves_no_dead_row(tokenizer):
+    """The policy's last turn is a ``compact`` call: nothing reads the compacted context,
+    so no all-prompt row is trained and no compaction is counted (the call itself, and
+    its summary, stay generated tokens of the row that made it)."""
+    import msgspec
+
+    env = FactEnv(horizon=8, obs_len=5)
+    plan = ["probe", compact_call("one probe"), "probe", compact_call("two probes")]
+    engine = ScriptedEngine(tokenizer, scripted(tokenizer, plan))
+    compaction = CompactionConfig(strategy="tool", max_context_tokens=4000)
+    spec = RolloutSpec("s0-g0-r0", "s0-g0", "long", task_seed=5, sampling_seed=1)
+    rollout = asyncio.run(play_rollout(spec, env, engine, tokenizer,
+                                       msgspec.structs.replace(ROLLOUT, max_turns=4),
+                                       compaction))
+    assert rollout.stats.truncation_reason == "max_turns"
+    assert [s.num_generated_tokens > 0 for s in rollout.segments] == [True, True]
+    assert rollout.stats.num_compactions == 1 and len(rollout.stats.compactions) == 1
+    assert "two probes" in tokenizer.decode(rollout.segments[-1].token_ids)

@@ -142,3 +142,36 @@ def test_a_rollout_counts_once_whatever_its_rows(tokenizer):
     assert len({n for n, _, _ in results.values()}) == 3  # the row counts differ
     for _, adv_win, adv_lose in results.values():
         assert adv_win == pytest.approx(0.5) and adv_lose == pytest.approx(-0.5)
+
+
+@pytest.mark.parametrize("strategy", ["drop_oldest", "summarize"])
+def test_no_compaction_when_no_turn_follows_and_no_row_without_a_generated_token(
+        tokenizer, strategy):
+    """Whatever turn the rollout ends on (max_turns, or max_rollout_tokens), a compaction
+    is made only for a turn that follows: no row is all prompt, no compaction (and, under
+    summarize, no summary) is counted that nothing used."""
+    import msgspec
+
+    compaction = CompactionConfig(strategy=strategy, max_context_tokens=440,
+                                  keep_last_turns=1, max_compactions=50)
+    # max_turns 2 ends on an overflow: before, a row of the compacted context alone
+    limits = [{"max_turns": n} for n in range(1, 9)] + [
+        {"max_rollout_tokens": n} for n in range(4, 40, 3)]
+    for limit in limits:
+        engine = RecordingEngine(ScriptedEngine(tokenizer, policy(tokenizer)))
+        spec = RolloutSpec("s0-g0-r0", "s0-g0", "long", task_seed=5, sampling_seed=1)
+        rollout = asyncio.run(play_rollout(spec, LongEnv(horizon=20, obs_len=30), engine,
+                                           tokenizer, msgspec.structs.replace(ROLLOUT, **limit),
+                                           compaction))
+        assert rollout.valid and rollout.stats.truncated, limit
+        assert all(s.num_generated_tokens > 0 for s in rollout.segments), limit
+        assert len(rollout.segments) == rollout.stats.num_compactions + 1, limit
+        assert len(rollout.stats.compactions) == rollout.stats.num_compactions
+        summaries = sum(SUMMARY_REQUEST in tokenizer.decode(p).rsplit("<|im_start|>user", 1)[-1]
+                        for p in engine.prompts)
+        expected = rollout.stats.num_compactions if strategy == "summarize" else 0
+        if "max_turns" in limit:
+            assert summaries == expected, limit  # no summary asked for on the last turn
+        else:  # a summary may use the last tokens: then it is in its row, uncounted
+            assert expected <= summaries <= expected + (strategy == "summarize"), limit
+        assert rollout.num_generated_tokens == sum(len(g.token_ids) for g in engine.generations)

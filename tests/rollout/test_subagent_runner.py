@@ -65,6 +65,22 @@ def test_a_rollout_is_a_tree_whose_answers_come_back_as_tool_results(tokenizer) 
     assert check_reward_copies(rows) == {SPEC.rollout_id: 1.0}
 
 
+class ShapedArchive(Archive):
+    """The documented reward shaping (docs/writing-environments.md): override ``step``
+    and add a bonus, here 0.5 on every main-thread step."""
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation, reward + 0.5, terminated, truncated, info
+
+
+def test_a_delegating_step_keeps_the_bonus_its_step_added(tokenizer) -> None:
+    rollout = play(ShapedArchive(), TextPolicyEngine(tokenizer), tokenizer)
+    # two main-thread turns (the delegation, then the answer): 1.0 + 2 x 0.5, not 1.5
+    assert rollout.valid and rollout.stats.num_turns - 6 == 2
+    assert rollout.reward == 2.0
+
+
 def test_calls_of_one_turn_run_concurrently_each_thread_on_one_replica(tokenizer) -> None:
     replicas = [TextPolicyEngine(tokenizer, delay_s=0.02) for _ in range(2)]
     router = EngineRouter(replicas)
