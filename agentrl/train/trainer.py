@@ -173,6 +173,8 @@ def train_step(run: Run, step: int,
                                       collection.fallback_groups))
     metrics.update(sample_figures)
     metrics.update(invalid_figures(collection.invalid))
+    metrics.update(invalid_figures(collection.retried, "retried"))
+    metrics.update(invalid_figures(collection.kept, "kept"))
     if isinstance(run.engine, EngineRouter):  # the collector process keeps its own
         metrics.update(run.engine.replica_figures())
     if run.collector is not None:
