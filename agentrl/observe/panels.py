@@ -52,6 +52,8 @@ METRIC_PANELS = (
     ("turns per rollout", "num_turns/mean"),
     ("truncated share of rollouts", "truncation_rate"),
     ("invalid share of rollouts", "invalid_rate"),
+    ("generated tokens per trained rollout", "length/trained_mean"),
+    ("generated tokens per generated rollout", "length/generated_mean"),
     ("harness drift (rows)", "harness_drift"),
 )
 FAMILY_PANELS = (

@@ -73,9 +73,6 @@ class CollectionResult(msgspec.Struct):
     """Policy-caused failures trained as outcomes, per environment name and kind."""
     first_errors: dict[str, str] = {}
     """"<env>/<kind>" -> the first such failure of the collection, with its traceback."""
-    stale_dropped: dict[str, int] = {}
-    """Rollouts dropped per environment because a token was older than the staleness
-    bound (``agentrl.staleness``); asynchronous collection only."""
     engine_idle_s: float = 0.0
     """Seconds the engine waited for recent enough weights before this collection
     (asynchronous collection only)."""

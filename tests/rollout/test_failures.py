@@ -12,6 +12,7 @@ import pytest
 from agentrl.cli import main
 from agentrl.config import config_from_dict
 from agentrl.envs.agent_env import AgentEnv, Task
+from agentrl.observe.costs import length_figures
 from agentrl.rollout.env_contract import FAILURE_CLASSES, INVALID_KINDS
 from agentrl.rollout.episode import CURRENT_ROLLOUT
 from agentrl.rollout.failures import (
@@ -226,3 +227,21 @@ def test_check_env_retries_a_reset_that_fails_now_and_then(tmp_path, capsys):
     counter.write_text("3")  # a failure that persists is refused, saying how often
     assert main(argv) == 1
     assert "(it failed all 3 attempts; --retries 2)" in capsys.readouterr().out
+
+
+def test_length_figures_compare_trained_with_every_rollout_generated(tokenizer):
+    def factory(env_config):  # r0 of each group fails on every attempt, after the policy
+        return LongEnv(horizon=2, fail_at=1 if "-r0" in CURRENT_ROLLOUT.get().rollout_id
+                       else None)
+
+    result, _ = collect(tokenizer, make_config(), factory)
+    figures = length_figures(result.rollouts, result.costs)
+    trained = [r.stats.spend.num_generated_tokens for r in result.rollouts if r.trainable]
+    assert len(trained) == 6
+    assert figures["length/trained_mean"] == figures["env/long/length/trained_mean"] == (
+        sum(trained) / 6)
+    played = result.costs["long"]
+    assert played.num_rollouts == 8
+    # the masked ones played one turn of the two: all rollouts generated are shorter
+    assert figures["length/generated_mean"] == played.num_generated_tokens / 8
+    assert figures["length/generated_mean"] < figures["length/trained_mean"]
