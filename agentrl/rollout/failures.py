@@ -77,6 +77,8 @@ class FailureRules:
         self.max_retries: int = rollout.max_retries
         self.ambiguous: str = rollout.ambiguous_failures
         self.rewards: dict[str, float] = dict(rollout.failure_rewards)
+        self.named: set[tuple[str, int]] = set()
+        """(environment, task seed) pairs already named in a RetriesExhaustedWarning."""
         unknown = sorted(set(self.rewards) - set(KEEPABLE))
         if unknown:
             raise ValueError(f"rollout.failure_rewards names {unknown}, which are not "
@@ -108,6 +110,13 @@ class FailureRules:
         if kind in self.rewards:
             rollout.reward = float(self.rewards[kind])
 
+    def exhausted(self, rollout: Rollout, task_seed: int, first_kind: str) -> None:
+        """Say by name that a task failed on every attempt (it is masked, not learned
+        from); once per environment and task seed, later rollouts are only counted."""
+        if (rollout.env, task_seed) not in self.named:
+            self.named.add((rollout.env, task_seed))
+            warn_exhausted(rollout, task_seed, self.max_retries + 1, first_kind)
+
 
 def retry_id(first_id: str, attempt: int) -> str:
     """The rollout id of retry number ``attempt`` (1, 2, ...) of rollout ``first_id``."""
@@ -122,7 +131,8 @@ def warn_exhausted(rollout: Rollout, task_seed: int, attempts: int, first_kind: 
         f"({first_kind} first, {rollout.stats.error_kind} last); masked and counted "
         f"(invalid/{rollout.stats.error_kind}). A task that always fails this way breaks "
         "its environment: fix it or leave it out; raise rollout.max_retries if the "
-        "failures are only frequent."), stacklevel=3)
+        "failures are only frequent. Other rollouts of this task that fail the same way "
+        "are only counted."), stacklevel=4)
 
 
 T = TypeVar("T")

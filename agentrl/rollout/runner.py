@@ -41,7 +41,7 @@ from agentrl.observe.costs import PlayedCosts
 from agentrl.observe.metrics import drop_reason
 from agentrl.rollout.env_contract import EnvError
 from agentrl.rollout.episode import EnvSource, isolation_of, play_episode
-from agentrl.rollout.failures import MASKED, RETRY, FailureRules, retry_id, warn_exhausted
+from agentrl.rollout.failures import MASKED, RETRY, FailureRules, retry_id
 from agentrl.rollout.health import InvalidLog
 from agentrl.rollout.multi_turn import RolloutSpec
 from agentrl.types import Group, Rollout
@@ -167,7 +167,7 @@ class RolloutRunner:
                 self.log.retry(rollout)
         else:
             outcome = MASKED
-            warn_exhausted(rollout, spec.task_seed, self.rules.max_retries + 1, first_kind)
+            self.rules.exhausted(rollout, spec.task_seed, first_kind)
         self.log.count(rollout, outcome)
         return rollout
 

@@ -153,8 +153,8 @@ def test_a_task_that_always_breaks_the_server_is_named_not_learned(tokenizer):
         broken = results[0].groups[0].task_seed
         results = collections(tokenizer, 0.0, max_retries=2, num=1, broken_task=broken)
     named = [str(w.message) for w in caught if issubclass(w.category, RetriesExhaustedWarning)]
-    assert len(named) == GROUP_SIZE
-    assert all(f"env 'bandit', task seed {broken}: all 3 attempts" in text for text in named)
+    assert len(named) == 1  # once per task, its other rollouts only counted
+    assert f"env 'bandit', task seed {broken}: all 3 attempts" in named[0]
     group = next(g for g in results[0].groups if g.task_seed == broken)
     # masked: no zero reward enters a baseline, so nothing teaches the policy to avoid it
     assert not any(r.trainable for r in group.rollouts)
