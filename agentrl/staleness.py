@@ -11,17 +11,18 @@ generated tokens from each ``start`` up to the next run's start came from ``vers
 one run per rollout when the weights did not change while it played, more when in-flight
 weight updates (``rollout.inflight_updates``) swapped them mid-rollout.
 
-The bound rule (documented in the README): when a step's collection is handed to the
-trainer, a group holding a rollout whose *oldest* token is older than ``max_staleness``
-is dropped whole (its baseline needs every rollout) and counted per environment as
-``staleness/dropped_rollouts``, with a warning. The asynchronous collector starts a
-collection only when the engine's weights are recent enough, so this is a safety net
-that a correct run never trips; it is never silent.
+The bound rule (documented in the README): no rollout is ever discarded for staleness
+(dropping the slow ones would drop the hard tasks: a length bias). The asynchronous
+collector keeps every token within ``max_staleness`` by construction: it starts the
+collection of step ``s`` only once the engine holds weights of version ``>= s - 1 - k``
+and hands it over complete, waiting for its slowest rollout rather than leaving it
+behind. :func:`check_bound` verifies that when a collection reaches the trainer; a token
+past the bound is a bug in the collector and stops the step naming the rollout.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -105,27 +106,26 @@ def staleness_figures(rollouts: Sequence[Rollout], trained_version: int,
     return out
 
 
-def asynchronous_figures(stale_dropped: dict[str, int], engine_idle_s: float) -> dict[str, float]:
-    """``staleness/dropped_rollouts`` (overall and per environment) and
-    ``time/engine_idle`` of one asynchronously collected step."""
-    out: dict[str, float] = {"staleness/dropped_rollouts": float(sum(stale_dropped.values())),
-                             "time/engine_idle": engine_idle_s}
-    for env, count in sorted(stale_dropped.items()):
-        out[f"env/{env}/staleness/dropped_rollouts"] = float(count)
-    return out
+def asynchronous_figures(engine_idle_s: float) -> dict[str, float]:
+    """``time/engine_idle`` of one asynchronously collected step."""
+    return {"time/engine_idle": engine_idle_s}
 
 
-def enforce_bound(groups: Sequence[Group], trained_version: int,
-                  max_staleness: int) -> tuple[list[Group], dict[str, int]]:
-    """The groups whose every token is at most ``max_staleness`` versions older than
-    ``trained_version``, and the rollouts dropped per environment (see module doc)."""
-    kept: list[Group] = []
-    dropped: dict[str, int] = defaultdict(int)
+class StalenessError(RuntimeError):
+    """A token older than the staleness bound reached the trainer (a collector bug)."""
+
+
+def check_bound(groups: Sequence[Group], trained_version: int, max_staleness: int) -> None:
+    """Check that every token of every rollout is at most ``max_staleness`` versions older
+    than ``trained_version``; raise StalenessError naming the first that is not. Nothing
+    is ever dropped (module doc)."""
     oldest_allowed = trained_version - max_staleness
     for group in groups:
-        versions = [oldest_version(r) for r in group.rollouts]
-        if any(v is not None and v < oldest_allowed for v in versions):
-            dropped[group.env] += len(group.rollouts)
-        else:
-            kept.append(group)
-    return kept, dict(dropped)
+        for rollout in group.rollouts:
+            version = oldest_version(rollout)
+            if version is not None and version < oldest_allowed:
+                raise StalenessError(
+                    f"rollout {rollout.rollout_id} (env {rollout.env!r}) has a token of "
+                    f"version {version}, trained at version {trained_version}: older than "
+                    f"rollout.max_staleness = {max_staleness}. The collector must start a "
+                    "collection only with recent enough weights; this is a bug in it.")

@@ -81,7 +81,7 @@ class Segment(msgspec.Struct):
 
 
 TRUNCATION_REASONS = ("context_budget", "max_turns", "max_rollout_tokens", "max_compactions",
-                      "env")
+                      "tool_errors", "env")
 """Why a rollout ended before the environment finished it:
 
 - ``context_budget``: what compaction must keep (system + task + the newest turn with its
@@ -89,7 +89,13 @@ TRUNCATION_REASONS = ("context_budget", "max_turns", "max_rollout_tokens", "max_
 - ``max_turns``: ``rollout.max_turns`` model turns were played;
 - ``max_rollout_tokens``: the rollout generated ``rollout.max_rollout_tokens`` tokens;
 - ``max_compactions``: a compaction past ``compaction.max_compactions`` was needed;
+- ``tool_errors``: the policy's failed tool calls (malformed, unknown tool, bad
+  arguments, ...) passed ``rollout.max_tool_errors``;
 - ``env``: the environment returned ``truncated=True`` (e.g. its own ``max_turns``).
+
+``context_budget``, ``max_rollout_tokens``, ``max_compactions`` and ``tool_errors`` are
+policy-caused failures (``agentrl.rollout.failures``): trained with the environment's
+reward or ``rollout.failure_rewards[reason]``, never masked.
 """
 
 
@@ -187,7 +193,9 @@ class RolloutStats(msgspec.Struct, omit_defaults=True):
     truncated: bool = False
     """The rollout hit a turn or token limit before the environment ended it."""
     error: str | None = None
-    """Why the rollout is invalid (environment crash, timeout, ...); None when it is fine."""
+    """Why the rollout is invalid (environment crash, timeout, ...), or, on a valid
+    rollout, the policy-caused failure it is trained with (``agentrl.rollout.failures``);
+    None when nothing failed."""
     error_kind: str | None = None
     """The short, stable kind of ``error`` (``step_raised``, ``bad_reward``, ...; see
     ``agentrl.rollout.env_contract.INVALID_KINDS``)."""
@@ -254,6 +262,10 @@ class Rollout(msgspec.Struct):
     threads: list[Thread] = []
     """The rollout's threads besides the main one (empty: a single conversation). Every
     segment names its thread; segments of all threads are rows of this one rollout."""
+    retry_of: str | None = None
+    """The id of the first attempt when this rollout retried it after an infrastructure
+    failure (same task, same group, a fresh environment: ``agentrl.rollout.failures``);
+    None for a first attempt."""
 
     @property
     def num_generated_tokens(self) -> int:

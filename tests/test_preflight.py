@@ -4,15 +4,17 @@ would otherwise fail 20-30 s into training or run silently wrong."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
-from agentrl.envs.agent_env import AgentEnv
+from agentrl.envs.agent_env import AgentEnv, Task
 from agentrl.model import build_tiny_checkpoint
 from agentrl.train.preflight import CHECKS, Preflight, accepted_keywords, run_checks
+from agentrl.types import Message
 
 POSITIONS = 512
 
@@ -22,6 +24,22 @@ class ResetRaisesEnv(AgentEnv):
 
     def sample_task(self, rng):
         raise RuntimeError("no task rows left")
+
+
+class FlakyResetEnv(AgentEnv):
+    """Drawing a task fails $FLAKY_FAILURES times (a server that drops a connection now
+    and then), then works (the count is in the environment: the registry may import this
+    module apart from pytest)."""
+
+    def sample_task(self, rng):
+        left = int(os.environ.get("FLAKY_FAILURES", "0"))
+        if left > 0:
+            os.environ["FLAKY_FAILURES"] = str(left - 1)
+            raise ConnectionError("env server at 127.0.0.1:9 dropped the connection")
+        return Task([Message("user", "Say hi.")], answer="hi", key=str(rng.integers(1000)))
+
+    def grade(self, answer):
+        return float(answer.strip() == "hi")
 
 CONFIG = """
 [model]
@@ -96,7 +114,8 @@ REFUSED = [
     ("an environment whose reset raises", ['environments.1.id="tests.test_preflight:'
                                            'ResetRaisesEnv"', "environments.1.kwargs={}"],
      "environments[1] (tests.test_preflight:ResetRaisesEnv): its first prompt cannot be "
-     "built: RuntimeError: no task rows left; `agentrl check-env "
+     "built: RuntimeError: no task rows left (it failed all 3 attempts, "
+     "rollout.max_retries = 2); `agentrl check-env "
      "tests.test_preflight:ResetRaisesEnv` shows where"),
     ("micro-batch budget smaller than a row", ["batch.max_tokens_per_microbatch=200"],
      "batch.max_tokens_per_microbatch = 200 is smaller than the longest possible row "
@@ -199,3 +218,16 @@ def test_lora_targets_are_checked_against_the_model_at_plan_time(tmp_path) -> No
     raw["model"]["lora"]["target_modules"] = ["self_attn"]
     with pytest.raises(ConfigError, match="cannot take an adapter"):
         run_checks(config_from_dict(raw))
+
+
+def test_a_reset_that_fails_now_and_then_is_retried_at_plan_time(config_path, capsys,
+                                                                 monkeypatch) -> None:
+    # one failed reset used to refuse the whole run ("its first prompt cannot be built")
+    argv = ["plan", str(config_path), "--set",
+            'environments.1.id="tests.test_preflight:FlakyResetEnv"', "--set",
+            "environments.1.kwargs={}"]
+    monkeypatch.setenv("FLAKY_FAILURES", "1")
+    assert main(argv) == 0, capsys.readouterr().err
+    monkeypatch.setenv("FLAKY_FAILURES", "1")
+    assert main(argv + ["--set", "rollout.max_retries=0"]) == 2
+    assert "(it failed all 1 attempts, rollout.max_retries = 0)" in capsys.readouterr().err

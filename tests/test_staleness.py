@@ -14,8 +14,9 @@ from agentrl.packing import collate
 from agentrl.reassembler import check_reward_copies, to_rows
 from agentrl.rollout.segment_builder import SegmentBuilder
 from agentrl.staleness import (
+    StalenessError,
     asynchronous_figures,
-    enforce_bound,
+    check_bound,
     extend_runs,
     segment_ages,
     staleness_figures,
@@ -76,20 +77,18 @@ def test_staleness_figures_by_hand() -> None:
     assert staleness_figures([], 4) == {}
 
 
-def test_the_bound_drops_whole_groups_and_counts_them() -> None:
+def test_a_token_past_the_bound_stops_the_step_and_nothing_is_dropped() -> None:
     fresh = Group("g0", "x", [_rollout("g0-0", "x", _segment([4])),
                               _rollout("g0-1", "x", _segment([3]))])
     # one rollout of g1 has a token from version 2: age 2 at trained version 4
     old = Group("g1", "y", [_rollout("g1-0", "y", _segment([3])),
                             _rollout("g1-1", "y", _segment([4]), _segment([2, 4]))])
     unrecorded = Group("g2", "y", [_rollout("g2-0", "y", Segment([1, 2], [0, 1], [0, -1], 1))])
-    kept, dropped = enforce_bound([fresh, old, unrecorded], trained_version=4, max_staleness=1)
-    assert [g.group_id for g in kept] == ["g0", "g2"]
-    assert dropped == {"y": 2}
-    assert enforce_bound([fresh, old], 4, max_staleness=2) == ([fresh, old], {})
-    assert asynchronous_figures(dropped, 0.5) == {
-        "staleness/dropped_rollouts": 2.0, "env/y/staleness/dropped_rollouts": 2.0,
-        "time/engine_idle": 0.5}
+    with pytest.raises(StalenessError, match=r"rollout g1-1 \(env 'y'\) has a token of "
+                                             "version 2, trained at version 4"):
+        check_bound([fresh, old, unrecorded], trained_version=4, max_staleness=1)
+    check_bound([fresh, old, unrecorded], 4, max_staleness=2)  # within it: nothing happens
+    assert asynchronous_figures(0.5) == {"time/engine_idle": 0.5}
 
 
 def test_collate_expands_versions_into_per_target_ages() -> None:
@@ -140,9 +139,8 @@ def _async_rollouts(groups, staleness: int, trained: int, draw) -> list[Group]:
 @given(groups_strategy, st.integers(1, 3), st.data())
 def test_rollouts_count_once_whatever_their_versions(groups, staleness, data):
     trained = 10
-    kept, dropped = enforce_bound(_async_rollouts(groups, staleness, trained, data.draw),
-                                  trained, staleness)
-    assert dropped == {}  # every token is within the bound
+    kept = _async_rollouts(groups, staleness, trained, data.draw)
+    check_bound(kept, trained, staleness)  # every token is within the bound
     rollouts = [r for g in kept for r in g.rollouts]
     rows = to_rows(rollouts)
     # one reward copy per rollout on every row, one advantage per rollout: the same as
@@ -162,16 +160,15 @@ def test_rollouts_count_once_whatever_their_versions(groups, staleness, data):
 
 
 @given(groups_strategy, st.data())
-def test_a_tighter_bound_drops_whole_groups_only(groups, data):
+def test_a_tighter_bound_is_checked_never_enforced_by_dropping(groups, data):
     trained = 10
     all_groups = _async_rollouts(groups, 3, trained, data.draw)
-    kept, dropped = enforce_bound(all_groups, trained, max_staleness=1)
-    kept_ids = {g.group_id for g in kept}
-    for group in all_groups:
-        too_old = any(v < trained - 1 for r in group.rollouts for s in r.segments
-                      for _, v in s.version_runs)
-        assert (group.group_id in kept_ids) == (not too_old)
-    assert sum(dropped.values()) == sum(len(g.rollouts) for g in all_groups
-                                        if g.group_id not in kept_ids)
-    rows = to_rows([r for g in kept for r in g.rollouts])
-    assert all(0 <= trained - v <= 1 for row in rows for _, v in row.version_runs)
+    before = [[r.rollout_id for r in g.rollouts] for g in all_groups]
+    too_old = any(v < trained - 1 for g in all_groups for r in g.rollouts
+                  for s in r.segments for _, v in s.version_runs)
+    if too_old:
+        with pytest.raises(StalenessError, match="older than rollout.max_staleness = 1"):
+            check_bound(all_groups, trained, max_staleness=1)
+    else:
+        check_bound(all_groups, trained, max_staleness=1)
+    assert [[r.rollout_id for r in g.rollouts] for g in all_groups] == before

@@ -23,7 +23,7 @@ from agentrl.advantage import compute_advantages, rollout_advantages
 from agentrl.packing import collate, pack
 from agentrl.reassembler import RewardMismatchError, check_reward_copies, to_rows
 from agentrl.rollout.segment_builder import SegmentBuilder
-from agentrl.staleness import enforce_bound
+from agentrl.staleness import StalenessError, check_bound
 from agentrl.train.trainer import split_by_rollout
 from agentrl.types import MAIN_THREAD, Group, Rollout, Segment, Thread
 from tests.test_update import VOCAB, gradient, make_model
@@ -96,8 +96,8 @@ def flat(rollout: Rollout) -> list[Rollout]:
 @settings(max_examples=60, deadline=None)
 @given(groups_of_trees, st.sampled_from([0, 1, 2]), st.data())
 def test_one_reward_one_advantage_each_rollout_once_under_staleness(groups, k, data) -> None:
-    kept, dropped = enforce_bound(build_groups(groups, k, data.draw), TRAINED, k)
-    assert dropped == {}  # every token of every thread is within the bound
+    kept = build_groups(groups, k, data.draw)
+    check_bound(kept, TRAINED, k)  # every token of every thread is within the bound
     rollouts = [r for g in kept for r in g.rollouts]
     rows = to_rows(rollouts)
     assert len(rows) == sum(len(r.segments) for r in rollouts)
@@ -132,9 +132,8 @@ def test_the_bound_sees_the_oldest_token_of_any_thread(groups, k, data) -> None:
     segment = data.draw(st.sampled_from(victim.segments))  # main or any subagent thread
     start, _ = segment.version_runs[-1]
     segment.version_runs = [*segment.version_runs[:-1], (start, TRAINED - k - 1)]
-    kept, dropped = enforce_bound(built, TRAINED, k)
-    assert [g.group_id for g in kept] == [g.group_id for g in built if g is not group]
-    assert dropped == {"x": len(group.rollouts)}  # the whole group, counted in rollouts
+    with pytest.raises(StalenessError, match=f"rollout {victim.rollout_id} "):
+        check_bound(built, TRAINED, k)  # named, never dropped
 
 
 @settings(max_examples=40, deadline=None)

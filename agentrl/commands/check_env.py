@@ -53,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-observation-chars", type=int,
                         default=RolloutConfig().max_observation_chars,
                         help="characters one reset or step may return (as in training)")
+    parser.add_argument("--retries", type=int, default=RolloutConfig().max_retries,
+                        help="extra attempts of a constructor or reset that fails, as "
+                             "rollout.max_retries retries them in training; a failure that "
+                             "persists is reported with how often it happened")
     parser.add_argument("--config", default=None,
                         help="a TOML config whose model tokenizer, compaction and rollout "
                              "settings the context budget is measured against (default: the "
@@ -79,8 +83,9 @@ async def _check(args: argparse.Namespace, factory: Any) -> int:
 
     name = args.env
     try:
-        env = await GuardedEnv.open(name, factory, args.timeout, args.max_observation_chars,
-                                    isolation="process", construct_timeout_s=3 * args.timeout)
+        env = await _retrying(args, "the constructor", lambda: GuardedEnv.open(
+            name, factory, args.timeout, args.max_observation_chars, isolation="process",
+            construct_timeout_s=3 * args.timeout))
     except EnvError as exc:
         print(f"error ({exc.kind}): {exc}")
         _print_traceback(exc)
@@ -102,7 +107,8 @@ async def _check_open(args: argparse.Namespace, env: Any) -> int:
     from agentrl.rollout.env_contract import EnvError
 
     print("tools offered:")
-    await env.reset(args.seed)  # an environment served elsewhere declares its tools at reset
+    # an environment served elsewhere declares its tools at reset
+    await _retrying(args, "reset()", lambda: env.reset(args.seed))
     schemas = await env.tool_schemas()
     print(json.dumps(schemas, indent=2) if schemas else "  (none)")
     if not await _print_context_budget(args, args.env_kwargs, env):
@@ -168,9 +174,31 @@ def _first_tool(schemas: list[dict]) -> tuple[str, str]:
     return "calculate", "expression"
 
 
+async def _retrying(args: argparse.Namespace, what: str, call: Any) -> Any:
+    """``await call()``, again after a failure of the kind training retries (reset or the
+    constructor failing now and then: docs/robustness.md), up to ``--retries`` more
+    times; a failure that persists is raised, saying how often it happened."""
+    from agentrl.rollout.env_contract import EnvError
+    from agentrl.rollout.failures import INFRASTRUCTURE, failure_class
+
+    attempts = 1 + args.retries
+    for attempt in range(1, attempts + 1):
+        try:
+            return await call()
+        except EnvError as exc:
+            if failure_class(exc.kind, 0) != INFRASTRUCTURE:
+                raise
+            if attempt == attempts:
+                exc.args = (f"{exc} (it failed all {attempts} attempts; --retries "
+                            f"{args.retries})",)
+                raise
+            print(f"{what} failed ({exc.kind}): {exc}; retrying (attempt {attempt + 1} of "
+                  f"{attempts}), as training would")
+
+
 async def _episode(env: Any, seed: int, actions: list[str] | None,
                    args: argparse.Namespace) -> float | None:
-    messages = await env.reset(seed)
+    messages = await _retrying(args, "reset()", lambda: env.reset(seed))
     transcript = list(messages)
     _print_messages(messages)
     total = 0.0

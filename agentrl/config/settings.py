@@ -235,6 +235,27 @@ class RolloutConfig(_Section):
     """Seconds one whole rollout may take; > 0."""
     max_concurrent_rollouts: PositiveInt = 64
     """Rollouts in flight at once (the torch engine's batch slots); >= 1."""
+    max_retries: NonNegativeInt = 2
+    """Extra attempts of a rollout that failed for infrastructure reasons (a server down
+    or full, a disconnect, a worker that died, a replica out of service, a constructor or
+    reset that raised, any failure before the policy generated a token; docs/robustness.md),
+    each from the same task, in the same group, with a fresh environment; >= 0. Only when
+    they run out is the rollout masked (``invalid/<kind>``) and its task named in a
+    warning."""
+    ambiguous_failures: Literal["mask", "retry", "keep"] = "mask"
+    """A failure whose cause cannot be told (a step that raised or timed out after the
+    policy acted, a rollout timeout, a contract broken after an action, ...): "mask"
+    (invalid, counted), "retry" (as infrastructure) or "keep" (trained, with the reward
+    earned so far or failure_rewards[kind])."""
+    failure_rewards: dict[str, float] = {}
+    """The reward a policy-caused failure trains with, by kind (``max_rollout_tokens``,
+    ``context_budget``, ``max_compactions``, ``tool_errors``, ``harness_budget``, and with
+    ambiguous_failures = "keep" the ambiguous kinds), e.g. ``{ max_rollout_tokens =
+    -1.0 }``: a fixed penalty; a kind not listed keeps the environment's reward."""
+    max_tool_errors: PositiveInt | None = None
+    """Failed tool calls (malformed, unknown tool, bad arguments: the step's
+    ``info["tool_errors"]``) a rollout may make; past it the rollout ends, truncated with
+    reason "tool_errors" (a policy-caused failure: trained). None: no limit."""
     vllm_args: dict[str, Any] = {}
     """engine = "vllm": keyword arguments for ``VLLMEngine.from_pretrained`` and vLLM's
     engine args, e.g. ``{ gpu_memory_utilization = 0.5 }`` (the default: the trainer

@@ -86,3 +86,24 @@ def _figures(costs: PlayedCosts, prices: CostsConfig | None, prefix: str) -> dic
     if costs.reward_sum > 0:
         out[f"{prefix}cost/per_reward_point"] = step / costs.reward_sum
     return out
+
+
+def length_figures(trained: list[Rollout], played: Mapping[str, PlayedCosts]) -> dict[str, float]:
+    """Generated tokens per rollout: ``length/trained_mean`` over the rollouts the step
+    trains (trainable rollouts of the kept groups), ``length/generated_mean`` over every
+    rollout the collection generated (dropped groups and retried attempts included),
+    overall and as ``env/<name>/length/...``. Trained below generated means long rollouts
+    are lost on the way (failures, dynamic sampling): the estimate leans toward short
+    ones, the hard tasks lose their share."""
+    out: dict[str, float] = {}
+    envs = sorted(set(played) | {r.env for r in trained})
+    for prefix, names in [("", envs), *((f"env/{env}/", [env]) for env in envs)]:
+        mine = [r.stats.spend.num_generated_tokens for r in trained
+                if r.trainable and r.env in names]
+        if mine:
+            out[f"{prefix}length/trained_mean"] = sum(mine) / len(mine)
+        num = sum(played[n].num_rollouts for n in names if n in played)
+        if num:
+            tokens = sum(played[n].num_generated_tokens for n in names if n in played)
+            out[f"{prefix}length/generated_mean"] = tokens / num
+    return out

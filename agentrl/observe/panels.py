@@ -9,7 +9,8 @@ The agent-side panels read what :func:`agentrl.observe.metrics.rollout_figures` 
 (``num_compactions/mean``, the ``compaction/...`` efficacy figures of
 :mod:`agentrl.observe.compaction`, ``rows_per_rollout/mean``, ``num_turns/mean``,
 ``truncation_rate``, ``tool_errors/<kind>``, ``invalid_rate``) and the reason counts other
-modules log under ``truncated/<reason>`` and ``invalid/<kind>``, overall and as
+modules log under ``truncated/<reason>``, ``invalid/<kind>`` (masked), ``retried/<kind>``
+and ``kept/<kind>`` (docs/robustness.md), overall and as
 ``env/<name>/...``. The cost panels read :mod:`agentrl.observe.costs`'s ``cost/...``.
 """
 
@@ -51,12 +52,16 @@ METRIC_PANELS = (
     ("turns per rollout", "num_turns/mean"),
     ("truncated share of rollouts", "truncation_rate"),
     ("invalid share of rollouts", "invalid_rate"),
+    ("generated tokens per trained rollout", "length/trained_mean"),
+    ("generated tokens per generated rollout", "length/generated_mean"),
     ("harness drift (rows)", "harness_drift"),
 )
 FAMILY_PANELS = (
     ("truncated rollouts by reason", "truncated/"),
     ("tool errors by kind", "tool_errors/"),
     ("invalid rollouts by reason", "invalid/"),
+    ("retried attempts by reason (infrastructure)", "retried/"),
+    ("policy-caused failures trained, by reason", "kept/"),
     ("harness compactions by reason", "harness_compactions/"),
 )
 

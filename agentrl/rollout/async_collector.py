@@ -25,7 +25,6 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -33,7 +32,7 @@ import msgspec
 import torch
 
 from agentrl.rollout.runner import CollectionResult
-from agentrl.staleness import enforce_bound, engine_version
+from agentrl.staleness import check_bound, engine_version
 
 POLL_S = 1.0
 """Seconds between checks that the collector thread is still alive while waiting."""
@@ -79,8 +78,8 @@ class AsyncCollector:
     # ------------------------------------------------------------------ trainer side
 
     def next_collection(self, step: int) -> CollectionResult:
-        """The collection of ``step``, once complete, with groups past the staleness bound
-        dropped and counted (``agentrl.staleness``); raises what the collector raised."""
+        """The collection of ``step``, once complete (its slowest rollout included: none is
+        left behind, ``agentrl.staleness``); raises what the collector raised."""
         if self._thread.ident is None:
             self._thread.start()
         with self._lock:
@@ -93,13 +92,8 @@ class AsyncCollector:
                 self._lock.wait(POLL_S)
             result = self._ready.pop(step)
             idle = self._engine_idle_s.pop(step, 0.0)
-        groups, dropped = enforce_bound(result.groups, step - 1, self.max_staleness)
-        if dropped:
-            warnings.warn(f"step {step}: dropped {sum(dropped.values())} rollouts whose "
-                          f"tokens are more than {self.max_staleness} versions old "
-                          f"({dropped}); see agentrl.staleness", stacklevel=2)
-        return msgspec.structs.replace(result, groups=groups, stale_dropped=dropped,
-                                       engine_idle_s=idle)
+        check_bound(result.groups, step - 1, self.max_staleness)  # nothing is dropped
+        return msgspec.structs.replace(result, engine_idle_s=idle)
 
     @staticmethod
     def snapshot(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

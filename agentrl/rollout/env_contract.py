@@ -34,6 +34,7 @@ INVALID_KINDS = (
     "bad_reward", "bad_observation", "bad_info",
     "close_raised", "close_timeout",
     "engine_refused", "engine_unavailable", "rollout_timeout", "row_too_long",
+    "worker_died",
     *REMOTE_KINDS,
     "grade_raised", "grade_timeout",
     "harness_raised", "harness_timeout", "harness_budget", "harness_foreign_model",
@@ -45,15 +46,53 @@ INVALID_KINDS = (
 ``close``; ``bad_*`` for a return value that breaks the contract; ``engine_refused`` (a
 context the inference engine would not take), ``engine_unavailable`` (a replica that
 cannot be reached), ``rollout_timeout``
-(``rollout.rollout_timeout_s``), ``row_too_long`` (a row past the micro-batch budget) and
-the failures of an environment served elsewhere (``env_unreachable``, ``env_server_full``,
-``env_disconnected``, ``env_server_error``, ``env_server_timeout``, ``env_bad_reply``:
-:mod:`agentrl.envs.adapters.remote`).
+(``rollout.rollout_timeout_s``), ``row_too_long`` (a row past the micro-batch budget),
+``worker_died`` (the worker process of an ``isolation = "process"`` environment exited
+during a call) and the failures of an environment served elsewhere (``env_unreachable``,
+``env_server_full``, ``env_disconnected``, ``env_server_error``, ``env_server_timeout``,
+``env_bad_reply``: :mod:`agentrl.envs.adapters.remote`).
 Agent programs behind the endpoint (docs/harnesses.md): ``harness_raised`` (it crashed or
 exited non-zero), ``harness_timeout`` (it hung past its deadline), ``harness_budget`` (more
 requests or tokens than its budget), ``harness_foreign_model`` (a model name the endpoint
 does not serve), ``harness_bad_request`` (a request the endpoint could not read),
 ``harness_bad_final`` (a final answer that is not text); ``grade_*`` for its grader."""
+
+_INFRA, _AMBIGUOUS, _POLICY = "infrastructure", "ambiguous", "policy"
+FAILURE_CLASSES: dict[str, str] = {
+    **dict.fromkeys(("construct_raised", "construct_timeout", "reset_raised", "reset_timeout",
+                     "bad_reset", "tool_schemas_raised", "tool_schemas_timeout",
+                     "bad_tool_schemas", "needed_facts_raised", "needed_facts_timeout",
+                     "bad_needed_facts", "close_raised", "close_timeout"), _INFRA),
+    **dict.fromkeys(("engine_unavailable", "worker_died", "env_unreachable",
+                     "env_server_full", "env_disconnected"), _INFRA),
+    **dict.fromkeys(("step_raised", "step_timeout", "bad_step", "bad_reward",
+                     "bad_observation", "bad_info", "engine_refused", "rollout_timeout",
+                     "row_too_long", "env_server_error", "env_server_timeout", "env_bad_reply",
+                     "grade_raised", "grade_timeout", "harness_raised", "harness_timeout",
+                     "harness_foreign_model", "harness_bad_request", "harness_bad_final"),
+                    _AMBIGUOUS),
+    "harness_budget": _POLICY,
+}
+"""The class of every invalid kind, and so its rule (:mod:`agentrl.rollout.failures`):
+
+- *infrastructure*, retried with a fresh environment up to ``rollout.max_retries`` and
+  masked only after: the constructor, ``reset``, ``tool_schemas``, ``needed_facts`` and
+  ``close`` failing (none depends on what the policy wrote), a replica out of service
+  (``engine_unavailable``), a worker process that died (``worker_died``), a served
+  environment that cannot be reached, is full or dropped the connection;
+- *ambiguous*, masked and counted (``rollout.ambiguous_failures`` moves them): a step that
+  raised, timed out or broke the contract (the action may have caused it), a request the
+  engine refused, a rollout timeout, a row too long to pack, a served environment's error
+  or timeout, an agent program or its grader that failed;
+- *policy*, a trained outcome (reward: the environment's, or
+  ``rollout.failure_rewards[kind]``): an agent program past its own budget
+  (``harness_budget``). The policy-caused truncations (``max_rollout_tokens``,
+  ``context_budget``, ``max_compactions``, ``tool_errors``) follow the same rule.
+
+Any kind whose rollout failed before the policy generated a token counts as
+infrastructure: the policy cannot have caused it (e.g. ``env_server_timeout`` at reset).
+"""
+assert set(FAILURE_CLASSES) == set(INVALID_KINDS), set(INVALID_KINDS) ^ set(FAILURE_CLASSES)
 
 
 class EnvError(Exception):

@@ -511,7 +511,7 @@ class ProcessCaller:
         failure kinds name (default: ``method``)."""
         what = what or str(method)
         if self.process is None:
-            raise EnvError(_kind(what, "raised"), f"env {self.name!r}: its worker process is gone")
+            raise EnvError("worker_died", f"env {self.name!r}: its worker process is gone")
         start = time.perf_counter()
         try:
             self.conn.send((method, args, kwargs))
@@ -581,7 +581,7 @@ class ProcessCaller:
                 self.process.join(timeout=1.0)  # the pipe closed: it is exiting; reap it
                 code = self.process.exitcode
             self.kill()
-            raise EnvError(_kind(what, "raised"), f"env {self.name!r}: its worker process died "
+            raise EnvError("worker_died", f"env {self.name!r}: its worker process died "
                            f"during {_called(what)} (exit code {code})") from None
 
 

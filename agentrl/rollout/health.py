@@ -42,6 +42,8 @@ class InvalidLog:
         """Start the counts of a new collection."""
         self.played: Counter[str] = Counter()
         self.invalid: dict[str, Counter[str]] = defaultdict(Counter)
+        self.retried: dict[str, Counter[str]] = defaultdict(Counter)
+        self.kept: dict[str, Counter[str]] = defaultdict(Counter)
         self.first: dict[str, str] = {}
 
     def failure(self, spec: Any, error: EnvError) -> None:
@@ -52,28 +54,39 @@ class InvalidLog:
         if key not in self._printed:
             self._printed.add(key)
             warnings.warn(InvalidRolloutWarning(
-                f"rollout {spec.rollout_id} is invalid ({error.kind}); the first of its kind "
-                f"for env {spec.env!r}, later ones are only counted (invalid/{error.kind}):\n"
-                f"{text}"), stacklevel=2)
+                f"rollout {spec.rollout_id} failed ({error.kind}); the first of its kind "
+                f"for env {spec.env!r}, later ones are only counted (retried/{error.kind}, "
+                f"invalid/{error.kind} or kept/{error.kind} by its class, "
+                f"docs/robustness.md):\n{text}"), stacklevel=2)
 
-    def count(self, rollout: Any) -> None:
-        """Count one finished rollout (its kind from ``stats.error_kind``)."""
+    def count(self, rollout: Any, outcome: str = "") -> None:
+        """Count one finished rollout (its kind from ``stats.error_kind``; ``outcome``
+        "kept": a policy-caused failure trained, by its kind or truncation reason)."""
         self.played[rollout.env] += 1
         if not rollout.valid:
             self.invalid[rollout.env][rollout.stats.error_kind or "unknown"] += 1
+        elif outcome == "kept":
+            kind = rollout.stats.error_kind or rollout.stats.truncation_reason or "unknown"
+            self.kept[rollout.env][kind] += 1
+
+    def retry(self, rollout: Any) -> None:
+        """Count one attempt that failed for infrastructure reasons and is retried."""
+        self.retried[rollout.env][rollout.stats.error_kind or "unknown"] += 1
 
     def invalid_counts(self) -> dict[str, dict[str, int]]:
         """Environment -> kind -> invalid rollouts of this collection."""
         return {env: dict(kinds) for env, kinds in self.invalid.items()}
 
 
-def invalid_figures(invalid: dict[str, dict[str, int]]) -> dict[str, float]:
-    """``invalid/<kind>`` over all environments and ``env/<name>/invalid/<kind>``."""
+def invalid_figures(invalid: dict[str, dict[str, int]],
+                    family: str = "invalid") -> dict[str, float]:
+    """``invalid/<kind>`` over all environments and ``env/<name>/invalid/<kind>`` (or
+    another ``family``: ``retried``, ``kept``; docs/robustness.md)."""
     out: dict[str, float] = {}
     for env, kinds in sorted(invalid.items()):
         for kind, count in sorted(kinds.items()):
-            out[f"invalid/{kind}"] = out.get(f"invalid/{kind}", 0) + count
-            out[f"env/{env}/invalid/{kind}"] = count
+            out[f"{family}/{kind}"] = out.get(f"{family}/{kind}", 0) + count
+            out[f"env/{env}/{family}/{kind}"] = count
     return out
 
 

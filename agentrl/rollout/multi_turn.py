@@ -186,6 +186,10 @@ class RolloutPlayer:
             if truncated and not terminated:
                 self._truncate("env")
             return False
+        limit = self.config.max_tool_errors
+        if limit is not None and sum(self.tool_errors.values()) > limit:
+            self._truncate("tool_errors")  # a policy-caused failure: trained (failures.py)
+            return False
         self.facts.see(observation)
         return await self._observe(context, compactor, generated_ids, observation, params)
 

@@ -41,6 +41,7 @@ from agentrl.observe.costs import PlayedCosts
 from agentrl.observe.metrics import drop_reason
 from agentrl.rollout.env_contract import EnvError
 from agentrl.rollout.episode import EnvSource, isolation_of, play_episode
+from agentrl.rollout.failures import MASKED, RETRY, FailureRules, retry_id
 from agentrl.rollout.health import InvalidLog
 from agentrl.rollout.multi_turn import RolloutSpec
 from agentrl.types import Group, Rollout
@@ -63,12 +64,15 @@ class CollectionResult(msgspec.Struct):
     num_played: dict[str, int] = {}
     """Rollouts played per environment name, kept or dropped."""
     invalid: dict[str, dict[str, int]] = {}
-    """Invalid rollouts played per environment name and kind (``step_raised``, ...)."""
+    """Masked (invalid) rollouts played per environment name and kind (``step_raised``,
+    ...): ambiguous failures, and infrastructure ones whose retries ran out."""
+    retried: dict[str, dict[str, int]] = {}
+    """Attempts retried per environment name and kind (infrastructure failures,
+    ``agentrl.rollout.failures``); each was replaced by a fresh attempt at its task."""
+    kept: dict[str, dict[str, int]] = {}
+    """Policy-caused failures trained as outcomes, per environment name and kind."""
     first_errors: dict[str, str] = {}
     """"<env>/<kind>" -> the first such failure of the collection, with its traceback."""
-    stale_dropped: dict[str, int] = {}
-    """Rollouts dropped per environment because a token was older than the staleness
-    bound (``agentrl.staleness``); asynchronous collection only."""
     engine_idle_s: float = 0.0
     """Seconds the engine waited for recent enough weights before this collection
     (asynchronous collection only)."""
@@ -107,6 +111,7 @@ class RolloutRunner:
         ever made a rollout wait belongs to that loop, and a runner may collect under
         several (each ``asyncio.run`` is a new loop)."""
         self.log = InvalidLog()
+        self.rules = FailureRules(config.rollout)
         self.costs: dict[str, PlayedCosts] = {}
         """What this collection's rollouts used so far, per environment."""
         self._in_process: set[str] = set()
@@ -144,6 +149,30 @@ class RolloutRunner:
         return self._limits[loop]
 
     async def _rollout(self, env_config: EnvironmentConfig, spec: RolloutSpec) -> Rollout:
+        """One rollout under the failure rules (``agentrl.rollout.failures``): an attempt
+        that failed for infrastructure reasons is retried from the same task with a fresh
+        environment, up to ``rollout.max_retries`` times, then masked and named."""
+        first_kind = ""
+        for attempt in range(self.rules.max_retries + 1):
+            tried = spec if attempt == 0 else msgspec.structs.replace(
+                spec, rollout_id=retry_id(spec.rollout_id, attempt),
+                sampling_seed=_seed_of(retry_id(spec.rollout_id, attempt), spec.task_seed))
+            rollout = await self._attempt(env_config, tried)
+            rollout.retry_of = None if attempt == 0 else spec.rollout_id
+            outcome = self.rules.outcome(rollout)
+            if outcome != RETRY:
+                break
+            first_kind = first_kind or rollout.stats.error_kind or "unknown"
+            if attempt < self.rules.max_retries:
+                self.log.retry(rollout)
+        else:
+            outcome = MASKED
+            self.rules.exhausted(rollout, spec.task_seed, first_kind)
+        self.log.count(rollout, outcome)
+        return rollout
+
+    async def _attempt(self, env_config: EnvironmentConfig, spec: RolloutSpec) -> Rollout:
+        """One attempt in a fresh environment instance; its cost counts either way."""
         async with self._limit():
             rollout = await play_episode(spec, self._source(env_config), self.engine,
                                          self.tokenizer, self.config.rollout,
@@ -152,7 +181,6 @@ class RolloutRunner:
         failure = clip_long_rows(rollout, self.config.batch.max_tokens_per_microbatch)
         if failure is not None:
             self._on_failure(spec, failure)
-        self.log.count(rollout)
         self.costs.setdefault(spec.env, PlayedCosts()).count(rollout)
         return rollout
 
@@ -217,6 +245,7 @@ class RolloutRunner:
             groups=kept + fallback, dropped={k: dict(v) for k, v in dropped.items()},
             num_rounds=rounds, fallback_groups=len(fallback),
             num_played=dict(self.log.played), invalid=self.log.invalid_counts(),
+            retried=_plain(self.log.retried), kept=_plain(self.log.kept),
             first_errors=dict(self.log.first), costs=self.costs,
         )
 
@@ -277,6 +306,10 @@ def clip_long_rows(rollout: Rollout, max_tokens: int) -> EnvError | None:
     rollout.valid = False
     rollout.stats.error, rollout.stats.error_kind = str(error), error.kind
     return error
+
+
+def _plain(counts: dict[str, Counter[str]]) -> dict[str, dict[str, int]]:
+    return {env: dict(kinds) for env, kinds in counts.items() if kinds}
 
 
 def _count(groups: list[Group]) -> int:

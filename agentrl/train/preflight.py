@@ -112,18 +112,32 @@ class Preflight:
         """Environment ``index``'s first prompt by part (``agentrl.envs.context_budget``)."""
         from agentrl.envs.context_budget import measure_first_prompt
         from agentrl.rollout.compact_tool import offered_tools
+        from agentrl.rollout.failures import PersistentFailure, with_retries
 
         env = self.config.environments[index]
-        # the environment and the model folder raise ConfigErrors of their own
-        built, tokenizer = self.environment(index), self.tokenizer
         extra = offered_tools(self.config.compaction.strategy, [])
-        try:
-            return measure_first_prompt(built, tokenizer, env.display_name(),
-                                        extra_tools=extra)
-        except Exception as exc:  # a user reset or tool_schemas can raise anything
+
+        def measure() -> Any:  # a fresh instance after a failed reset, as in training
+            # the environment and the model folder raise ConfigErrors of their own
+            built, tokenizer = self.environment(index), self.tokenizer
+            try:
+                return measure_first_prompt(built, tokenizer, env.display_name(),
+                                            extra_tools=extra)
+            except Exception:
+                self._envs.pop(index, None)
+                raise
+
+        attempts = 1 + self.config.rollout.max_retries
+        try:  # a reset that fails now and then (a flaky server) is retried, as in training
+            return with_retries(measure, attempts,
+                                lambda exc: not isinstance(exc, ConfigError))[0]
+        except PersistentFailure as exc:  # a user reset or tool_schemas can raise anything
+            cause = exc.__cause__
             raise ConfigError(f"environments[{index}] ({env.id}): its first prompt cannot be "
-                              f"built: {type(exc).__name__}: {_one_line(exc)}; "
-                              f"`agentrl check-env {env.id}` shows where") from None
+                              f"built: {type(cause).__name__}: {_one_line(cause)} (it failed "
+                              f"all {attempts} attempts, rollout.max_retries = "
+                              f"{attempts - 1}); `agentrl check-env {env.id}` shows where") \
+                from None
 
     def subagent_prompts(self, index: int) -> dict[str, int]:
         """Environment ``index``'s subagents: tokens of each one's prompt before its task

@@ -33,7 +33,7 @@ import torch
 from agentrl.advantage import compute_advantages
 from agentrl.engines.router import EngineRouter
 from agentrl.loss import scores_proximal_policy
-from agentrl.observe.costs import cost_figures
+from agentrl.observe.costs import cost_figures, length_figures
 from agentrl.observe.metrics import (
     collection_figures,
     loss_figures,
@@ -149,7 +149,7 @@ def train_step(run: Run, step: int,
                        collection.first_errors)
     with timer("other"):
         rollouts = ordered(collection.rollouts)
-        check_collection_size(len(rollouts), run.plan.num_rollouts, collection.stale_dropped)
+        check_collection_size(len(rollouts), run.plan.num_rollouts)
         rows = to_rows(rollouts)
         advantages = compute_advantages(
             rows, run.config.advantage.estimator, run.config.advantage.scale_by_std, rollouts
@@ -175,10 +175,13 @@ def train_step(run: Run, step: int,
                                       collection.fallback_groups))
     metrics.update(sample_figures)
     metrics.update(invalid_figures(collection.invalid))
+    metrics.update(invalid_figures(collection.retried, "retried"))
+    metrics.update(invalid_figures(collection.kept, "kept"))
     if isinstance(run.engine, EngineRouter):  # the collector process keeps its own
         metrics.update(run.engine.replica_figures())
     if run.collector is not None:
-        metrics.update(asynchronous_figures(collection.stale_dropped, collection.engine_idle_s))
+        metrics.update(asynchronous_figures(collection.engine_idle_s))
+    metrics.update(length_figures(rollouts, collection.costs))
     costs = cost_figures(collection.costs, run.config.log.costs, run.state.cumulative_cost)
     run.state.cumulative_cost = costs.get("cumulative/cost", run.state.cumulative_cost)
     metrics.update(costs)
@@ -187,17 +190,14 @@ def train_step(run: Run, step: int,
     return metrics
 
 
-def check_collection_size(num_rollouts: int, planned: int,
-                          stale_dropped: dict[str, int]) -> None:
+def check_collection_size(num_rollouts: int, planned: int) -> None:
     """Refuse to train a collection that is not the batch plan's (invariant 7): the
-    updates would silently hold other than ``global_batch_size`` rollouts each. Only the
-    staleness bound may take rollouts out (whole groups, counted and warned about)."""
-    expected = planned - sum(stale_dropped.values())
-    if num_rollouts != expected:
+    updates would silently hold other than ``global_batch_size`` rollouts each. Nothing
+    may take rollouts out (staleness never discards: ``agentrl.staleness``)."""
+    if num_rollouts != planned:
         raise RuntimeError(
             f"the collection holds {num_rollouts} rollouts but the batch plan has {planned}"
-            + (f" ({planned - expected} dropped as too stale)" if stale_dropped else "")
-            + "; this is a bug in the runner (it must bring exactly the planned groups)")
+            "; this is a bug in the runner (it must bring exactly the planned groups)")
 
 
 def ordered(rollouts: list[Rollout]) -> list[Rollout]:

@@ -1,6 +1,7 @@
 """Nothing an agent program does stops the run: a crash, a hang, a budget passed, a
-foreign model name, a malformed request or a final answer that is not text each
-invalidate that rollout with a named reason, the endpoint answers with OpenAI's error
+foreign model name, a malformed request or a final answer that is not text each end
+that rollout with a named reason (masked; a program past its own budget is trained, as a
+policy-caused failure: docs/robustness.md), the endpoint answers with OpenAI's error
 objects, and the other rollouts of the same collection are fine."""
 
 from __future__ import annotations
@@ -23,17 +24,22 @@ EXPECTED = ["harness_raised", "harness_timeout", "harness_budget", "harness_fore
 
 
 def test_each_failure_invalidates_only_its_rollout_with_its_reason(tiny_dir) -> None:
+    # no retries: each attempt fails the same way (tests/rollout/test_failures.py retries)
     config = harness_config(tiny_dir, {"run": f"{AGENTS / 'broken_agents.py'}:run",
-                                       "timeout_s": 3.0, "max_requests": 3}, group_size=8)
+                                       "timeout_s": 3.0, "max_requests": 3}, group_size=8,
+                            rollout={"max_retries": 0})
     with pytest.warns(RuntimeWarning):  # the first of each kind is reported
         result, _, _ = collect(config, tiny_dir)
     by_index = {int(r.rollout_id.rsplit("r", 1)[-1]): r for r in result.rollouts}
     assert [by_index[i].stats.error_kind for i in range(8)] == EXPECTED
-    assert [by_index[i].valid for i in range(8)] == [False] * 6 + [True] * 2
+    # a program past its own budget is policy-caused: trained with its reward, not masked
+    assert [by_index[i].valid for i in range(8)] == [False, False, True, False, False, False,
+                                                     True, True]
     assert "crashed" in by_index[0].stats.error and "3 s" in by_index[1].stats.error
     assert "3 requests is its budget" in by_index[2].stats.error
     assert "'gpt-4o' is not served" in by_index[3].stats.error
-    assert result.invalid == {"agent": {k: 1 for k in EXPECTED if k}}
+    assert result.invalid == {"agent": {k: 1 for k in EXPECTED if k and k != "harness_budget"}}
+    assert result.kept == {"agent": {"harness_budget": 1}}
     assert result.num_played == {"agent": 8}
     # the crashed one still has the row of the request it made before crashing (masked)
     assert len(by_index[0].segments) == 1 and not by_index[0].trainable

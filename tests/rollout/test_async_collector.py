@@ -14,6 +14,7 @@ from agentrl.engines.interface import SamplingParams, WeightSyncError
 from agentrl.engines.torch_engine import TorchEngine
 from agentrl.rollout.async_collector import AsyncCollector
 from agentrl.rollout.runner import CollectionResult
+from agentrl.staleness import StalenessError
 from agentrl.types import Group, Rollout, Segment
 
 
@@ -190,17 +191,16 @@ def test_close_while_waiting_for_weights_ends_the_thread() -> None:
     collector.publish({"w": torch.tensor(1.0)}, version=1)  # after close: a no-op
 
 
-def test_groups_past_the_bound_are_dropped_and_counted() -> None:
+def test_a_token_past_the_bound_is_named_never_dropped() -> None:
     engine, sampler = FakeEngine(), FakeSampler()
     # the runner stamps every token 3 versions older than the engine holds
     collector = AsyncCollector(FakeRunner(engine, sampler, version_offset=-3), sampler, 2,
                                max_staleness=1, first_step=1, last_step=1)
     try:
-        with pytest.warns(UserWarning, match="dropped 2 rollouts"):
-            result = collector.next_collection(1)
+        with pytest.raises(StalenessError, match="older than rollout.max_staleness = 1"):
+            collector.next_collection(1)
     finally:
         collector.close()
-    assert result.groups == [] and result.stale_dropped == {"x": 2}
 
 
 def test_refuses_a_synchronous_bound() -> None:

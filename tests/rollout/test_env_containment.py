@@ -209,7 +209,7 @@ def test_worker_process_death_and_violations_read_the_same(tokenizer):
                            "name": "bad"}], group_size=1)
     _, result = collect(tokenizer, config)
     errors = {r.env: r.stats for r in result.rollouts}
-    assert errors["crash"].error_kind == "step_raised"
+    assert errors["crash"].error_kind == "worker_died"
     assert "worker process died during step() (exit code 3)" in errors["crash"].error
     assert errors["bad"].error == ("env 'bad': step() returned reward 'high' (str); "
                                    "expected a finite float")

@@ -201,7 +201,9 @@ def test_an_engine_refusal_invalidates_only_that_rollout(tokenizer):
                 raise ValueError("prompt of 5000 tokens exceeds max_len 4096")
             return await super().generate(prompt_ids, params, key)
 
-    config = make_config()
+    config = make_config()  # without retries: a refused first request is retried else
+    config = msgspec.structs.replace(
+        config, rollout=msgspec.structs.replace(config.rollout, max_retries=0))
     names = [e.display_name() for e in config.environments]
     engine = RefusingEngine(tokenizer, win_on_even_seed(tokenizer))
     runner = RolloutRunner(config, engine, tokenizer, EnvironmentSampler({n: 1.0 for n in names},

@@ -23,7 +23,7 @@ from agentrl.reassembler import check_reward_copies, to_rows
 from agentrl.rollout.episode import EnvSource, play_episode
 from agentrl.rollout.multi_turn import RolloutSpec, play_rollout
 from agentrl.rollout.subagents import split_thread_key, thread_key
-from agentrl.staleness import enforce_bound, oldest_version
+from agentrl.staleness import StalenessError, check_bound, oldest_version
 from agentrl.types import MAIN_THREAD, Group
 from tests.rollout.subagent_stand_ins import READER, Archive, TextPolicyEngine
 
@@ -242,10 +242,11 @@ def test_every_thread_records_versions_and_the_bound_sees_the_oldest(tokenizer) 
     assert oldest == min(v for vs in versions.values() for v in vs) == 0
     newest = max(v for vs in versions.values() for v in vs)
     # the bound looks at the oldest token of any thread: trained at `newest`, a bound that
-    # only the subagents' or main's oldest token breaks drops the whole group
+    # only the subagents' or main's oldest token breaks is named
     group = Group("s1-g0", "archive", [rollout])
-    assert enforce_bound([group], newest, newest)[0] == [group]
-    assert enforce_bound([group], newest, newest - 1) == ([], {"archive": 1})
+    check_bound([group], newest, newest)
+    with pytest.raises(StalenessError, match=f"rollout {rollout.rollout_id} "):
+        check_bound([group], newest, newest - 1)
 
 
 def test_process_isolation_plays_the_same_tree(tokenizer) -> None:

@@ -59,7 +59,7 @@ def test_async_run_keeps_every_token_within_the_bound(tmp_path, model_dir, colle
     metrics = [m for m in metrics if m["step"] > 0]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     for m in metrics:
-        assert m["staleness/max"] <= 1 and m["staleness/dropped_rollouts"] == 0
+        assert m["staleness/max"] <= 1  # none dropped: it raises
         assert m["env/ShortAnswerEnv/staleness/max"] <= 1
         assert "loss/veto_frac" in m and "time/engine_idle" in m
         assert "loss/mismatch_scored" in m  # the decoupled objective's proximal pass

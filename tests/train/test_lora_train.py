@@ -113,7 +113,7 @@ def test_asynchronous_lora_run_records_adapter_versions(tmp_path, model_dir, col
     records = _metrics(out)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(r["staleness/max"] <= 1 for r in records)
-    assert all(r.get("staleness/dropped_rollouts", 0) == 0 for r in records)
+    assert not any("staleness/dropped_rollouts" in r for r in records)  # never discards
     trained = [json.loads(line) for line in (out / "trained_rollouts.jsonl").open()]
     versions = {v for line in trained for rollout in line["rollouts"]
                 for _start, v in rollout[3]}

@@ -153,7 +153,8 @@ def test_scored_mismatch_weighs_the_first_update_and_the_scored_rest_by_tokens()
 def test_a_collection_other_than_the_plan_is_refused():
     from agentrl.train.trainer import check_collection_size
 
-    check_collection_size(12, 12, {})
-    check_collection_size(8, 12, {"a": 4})  # the staleness bound took a group out
+    check_collection_size(12, 12)
+    with pytest.raises(RuntimeError, match="holds 8 rollouts but the batch plan has 12"):
+        check_collection_size(8, 12)  # nothing may take a group out, staleness included
     with pytest.raises(RuntimeError, match="holds 16 rollouts but the batch plan has 12"):
-        check_collection_size(16, 12, {})
+        check_collection_size(16, 12)

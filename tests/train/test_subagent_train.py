@@ -110,7 +110,7 @@ def test_trees_train_as_rollouts(tmp_path, model_dir, overrides) -> None:
         assert m["optim/lr"] == pytest.approx(1e-2 * lr_factor(2 * step - 1, 3))
         assert m["num_invalid_rollouts"] == 0
         if overrides:
-            assert m["staleness/max"] <= 1 and m["staleness/dropped_rollouts"] == 0
+            assert m["staleness/max"] <= 1  # none dropped: it raises
     sampled = [json.loads(line) for line in
                (out / "rollouts" / "step_000002.jsonl").read_text().splitlines()]
     tree = sampled[0]

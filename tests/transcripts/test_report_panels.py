@@ -15,7 +15,8 @@ AGENT_TITLES = ["compactions per rollout", "compactions forced by the budget per
                 "share of rollouts that compacted", "reward of rollouts that compacted",
                 "reward of rollouts that did not compact", "rows per rollout",
                 "turns per rollout", "truncated share of rollouts", "invalid share of rollouts",
-                "tool errors by kind"]
+                "generated tokens per trained rollout",
+                "generated tokens per generated rollout", "tool errors by kind"]
 
 COST_TITLES = ["engine seconds per step (share of busy time)", "environment seconds per step",
                "generated tokens per step", "prompt tokens per step (every request's context)",
@@ -58,7 +59,7 @@ def test_report_has_no_empty_axes_and_a_legend_everywhere(sampled_run, validatio
     assert [t for t in titles if t in COST_TITLES] == COST_TITLES
     assert "sandbox seconds per step" not in titles  # no environment ran the sandbox
     rewarded = any(k.endswith("cost/per_reward_point") for r in records for k in r)
-    assert len(titles) == (18 if validation else 14) + len(COST_TITLES) + truncated + rewarded
+    assert len(titles) == (20 if validation else 16) + len(COST_TITLES) + truncated + rewarded
     assert "compactions by the policy's tool per rollout" not in titles  # never moved
 
 
@@ -137,4 +138,19 @@ def test_cost_panels_draw_what_the_price_table_made_of_each_step(sampled_run) ->
     generated = by_title["generated tokens per step"]
     assert generated.lines[0].get_ydata().tolist() == [r["cost/generated_tokens"]
                                                        for r in records]
+    plt.close(fig)
+
+
+def test_retried_and_kept_failures_get_a_panel_each(sampled_run) -> None:
+    records = read_metrics(sampled_run)
+    extra = {"retried/reset_raised": 3.0, "env/short/retried/reset_raised": 3.0,
+             "kept/max_rollout_tokens": 1.0, "env/longtool/kept/max_rollout_tokens": 1.0}
+    records = [{**r, **extra} if r["step"] > 0 else r for r in records]
+    fig = build_figure({"a": records}, "eval/accuracy", None)
+    check_axes(fig)
+    by_title = {ax.get_title(): ax for ax in fig.axes}
+    retried = by_title["retried attempts by reason (infrastructure)"].get_legend().get_texts()
+    assert [t.get_text() for t in retried] == ["reset_raised", "short · reset_raised"]
+    kept = by_title["policy-caused failures trained, by reason"].get_legend().get_texts()
+    assert [t.get_text() for t in kept] == ["max_rollout_tokens", "longtool · max_rollout_tokens"]
     plt.close(fig)
