@@ -46,8 +46,8 @@ from agentrl.observe.writers import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs/docqa.toml"
-COPY_BASE = ["--chat-template", "compact", "--copy-steps", "2500", "--num-steps", "0",
-             "--num-demonstrations", "40"]
+COPY_BASE = ["--base", "new", "--chat-template", "compact", "--copy-steps", "2500",
+             "--num-steps", "0", "--num-demonstrations", "40"]
 """The warm start's first command: a new tiny model, its tokenizer, copy pretraining."""
 WARM_START = ["--num-steps", "160", "--num-demonstrations", "600", "--lr", "2e-3",
               "--lr-schedule", "cosine", "--warmup-steps", "20"]

@@ -11,6 +11,26 @@ HELP = ("Warm start: supervised training on correct demonstrations of every envi
         "the rollout runner; writes a Hugging Face folder.")
 
 
+NEW_MODEL_ONLY = ("hidden_size", "num_layers", "vocab_size", "chat_template")
+"""Options that shape a new tiny model: they need ``--base new``."""
+
+
+def resolve_base(args: argparse.Namespace) -> str | None:
+    """The folder to start from (None: a new tiny model); a one-line error when a new
+    model's option comes with a base, or the generic base is missing."""
+    from agentrl.config import ConfigError
+    from agentrl.model.base import generic_base
+
+    if args.base == "new":
+        return None
+    given = [n for n in NEW_MODEL_ONLY if getattr(args, n) is not None]
+    if given:
+        flags = ", ".join(f"--{n.replace('_', '-')}" for n in given)
+        raise ConfigError(f"{flags} shape a new tiny model: add --base new (they do not "
+                          f"apply to --base {args.base})")
+    return str(generic_base() if args.base == "base" else args.base)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments: config, output folder, and the warm-start knobs."""
     from agentrl.train.sft import WarmStartConfig
@@ -18,19 +38,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = WarmStartConfig()
     parser.add_argument("config", help="TOML config (its environments and model.path)")
     parser.add_argument("--out", required=True, help="folder for the trained model")
-    parser.add_argument("--base", default=None,
-                        help="model folder to start from (default: a new tiny model whose "
-                             "tokenizer is fitted to the environments' text)")
+    parser.add_argument("--base", default="base",
+                        help="model folder to start from; default: the generic base "
+                             "(assets/base, pretrained on a synthetic curriculum of long-trace "
+                             "tool skills); 'new': a new tiny model whose tokenizer is fitted "
+                             "to the environments' text (--hidden-size, --num-layers, "
+                             "--vocab-size and --chat-template apply to it only)")
     parser.add_argument("--demonstrations", action="append", default=[], metavar="FILE.jsonl",
                         help='trajectories, one JSON per line: {"env": NAME, "seed": INT, '
                              '"actions": [...]} (repeatable); they take precedence over the '
                              "environments' demonstrate() policies")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override one config setting")
-    for name in ("num_steps", "rows_per_step", "num_demonstrations", "hidden_size",
-                 "num_layers", "vocab_size", "warmup_steps", "copy_steps", "seed"):
+    for name in ("num_steps", "rows_per_step", "num_demonstrations", "warmup_steps",
+                 "copy_steps", "seed"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int,
                             default=getattr(defaults, name), dest=name)
+    for name in NEW_MODEL_ONLY[:3]:  # None: not given (they shape a --base new model only)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, dest=name)
     parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
     parser.add_argument("--copy-lr", type=float, default=defaults.copy_lr, dest="copy_lr",
                         help="learning rate of the copy pretraining (--copy-steps)")
@@ -41,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategies", default="", metavar="S1,S2",
                         help="compaction strategies to play the demonstrations under, each "
                              "an equal share (e.g. tool,summarize); default: the config's")
-    parser.add_argument("--chat-template", default=defaults.chat_template, dest="chat_template",
+    parser.add_argument("--chat-template", default=None, dest="chat_template",
                         choices=("qwen2.5", "compact"),
                         help="chat template of a new tiny model (compact: one line per tool)")
     parser.add_argument("--lr-schedule", default=defaults.lr_schedule, dest="lr_schedule",
@@ -56,12 +81,16 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.envs.demonstrations import load_trajectories
     from agentrl.train.sft import WarmStartConfig, warm_start
 
+    base = resolve_base(args)
     config = load_config(args.config, args.overrides)
     trajectories = load_trajectories(args.demonstrations)
-    fields = {f: getattr(args, f) for f in WarmStartConfig.__struct_fields__
-              if f != "strategies"}
+    defaults = WarmStartConfig()
+    fields = {f: getattr(defaults, f) if getattr(args, f) is None else getattr(args, f)
+              for f in WarmStartConfig.__struct_fields__ if f != "strategies"}
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     ws = WarmStartConfig(**fields, strategies=strategies)
-    out = warm_start(config, args.out, ws, base=args.base, trajectories=trajectories)
+    if base is not None:
+        print(f"starting from {base}")
+    out = warm_start(config, args.out, ws, base=base, trajectories=trajectories)
     print(f"wrote {out}")
     return 0

@@ -38,6 +38,7 @@ FACT_FORMATS = ("{name}: {value}", "{name} = {value}", "{value} {name}", "{name}
 SUMMARY_FORMATS = ("{facts}.", "Facts: {facts}.", "Kept {facts}.", "Notes: {facts}.")
 """How a summary lists the needed facts so far; one per task."""
 QUESTIONS = ("one", "two", "sum")
+NO_MORE = "There are no more pages. Reply with your answer."
 KEEPS = ("needed", "random", "none")
 """What the scripted summary keeps: the facts the question needs (a correct policy), one
 random fact of each page it compacts after (a demonstrator that compacts at the right
@@ -72,7 +73,7 @@ class DrillEnv(AgentEnv):
     def read(self) -> str:
         """Read the next page."""
         if self.next_page >= len(self.pages):
-            return "There are no more pages. Reply with your answer."
+            return NO_MORE
         self.next_page += 1
         return self.pages[self.next_page - 1]
 
@@ -102,6 +103,7 @@ class DrillEnv(AgentEnv):
         span = "" if first == 1 else f", pages {first} to {last}"
         prompt = f"There are {num_pages} pages{span}. {_question_text(question, needed)}"
         answer = {"pages": pages, "needed": needed, "question": question,
+                  "overshoot": bool(rng.random() < 0.5),
                   "lines": [fact_format.format(name=n, value=v) for n, v in needed],
                   "summary": str(rng.choice(SUMMARY_FORMATS))}
         system = "Read the pages with the read tool, then reply <answer>your answer</answer>."
@@ -125,10 +127,12 @@ class DrillEnv(AgentEnv):
         return messages, info
 
     def grade(self, answer: str) -> Grade:
-        """1 for the exact answer inside ``<answer>...</answer>``, else 0."""
+        """1 for the answer inside ``<answer>...</answer>``, bare (``7``) or labelled as
+        the script writes it (``salt = 4, ink = 3, sum = 7``), else 0."""
         assert self.task is not None
         text = answer.split("<answer>")[-1].split("</answer>")[0].strip().rstrip(".")
-        right = float(text == expected_answer(self.task.answer))
+        right = float(text in (expected_answer(self.task.answer),
+                               labelled_answer(self.task.answer)))
         return Grade(right, {"correct": right, "pages_read": float(self.next_page)})
 
     def needed_facts(self) -> list[str]:
@@ -137,11 +141,13 @@ class DrillEnv(AgentEnv):
         return list(self.task.answer["lines"])
 
     def demonstrate(self, messages: list[Message]) -> str:
-        """Read until no page is left, then answer."""
+        """Read until no page is left (half the tasks: until the tool says so), then
+        answer: the policy learns both to stop at the last page and to stop when told."""
         assert self.task is not None
-        if self.next_page < len(self.pages):
+        told = bool(messages) and messages[-1].role == "tool" and NO_MORE in messages[-1].content
+        if self.next_page < len(self.pages) or (self.task.answer["overshoot"] and not told):
             return format_call("read")
-        return f"<answer>{expected_answer(self.task.answer)}</answer>"
+        return f"<answer>{labelled_answer(self.task.answer)}</answer>"
 
     def demonstrate_summary(self, messages: list[Message], forced: bool) -> str | None:
         """The needed facts read so far; unforced, only right after a page that held one
@@ -182,6 +188,16 @@ def expected_answer(answer: dict) -> str:
     if answer["question"] == "sum":
         return str(sum(int(v) for v in values))
     return " ".join(values)
+
+
+def labelled_answer(answer: dict) -> str:
+    """The answer with each fact's name before its value, as the script writes it: every
+    value is then a copy of what followed its name earlier (on a page or in a summary),
+    and a sum adds two digits just written."""
+    labelled = ", ".join(f"{n} = {v}" for n, v in answer["needed"])
+    if answer["question"] == "sum":
+        return f"{labelled}, sum = {expected_answer(answer)}"
+    return labelled
 
 
 def _asked(rng: np.random.Generator, where: np.ndarray, count: int) -> list[int]:
