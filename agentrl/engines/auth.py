@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 TOKEN_ENV = "AGENTRL_TOKEN"
 TOKEN_FILE_ENV = "AGENTRL_TOKEN_FILE"
@@ -122,3 +123,26 @@ def connectable_host(host: str) -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def guard_asgi(app: Any, gate: TokenGate) -> Any:
+    """An ASGI app that lets through only requests and WebSocket sessions ``gate``
+    allows (401, or the WebSocket closed with policy violation 1008, otherwise)."""
+
+    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                       for k, v in scope.get("headers", [])}
+            if not gate.allows(scope.get("method", "GET"), scope.get("path", ""), headers):
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body",
+                            "body": b'{"error": "this server needs the run\'s shared token '
+                                    b'(X-Agentrl-Token header; docs/security.md)"}'})
+                return
+        await app(scope, receive, send)
+
+    return guarded
