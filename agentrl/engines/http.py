@@ -194,12 +194,14 @@ class Request(NamedTuple):
 
 
 class Answer(NamedTuple):
-    """What a :data:`RequestHandler` answers: a JSON body, or a stream of server-sent
-    events (``text/event-stream``, sent chunked as the iterator yields them)."""
+    """What a :data:`RequestHandler` answers: a JSON body, a stream of server-sent
+    events (``text/event-stream``, sent chunked as the iterator yields them), or the raw
+    bytes of a whole HTTP answer (a proxy's, status line included)."""
 
     status: int
     payload: Any = None
     events: AsyncIterator[bytes] | None = None
+    raw: AsyncIterator[bytes] | None = None
 
 
 RequestHandler = Callable[[Request], Awaitable[Answer]]
@@ -334,6 +336,11 @@ async def _read_request(reader: asyncio.StreamReader, limits: ServerLimits,
 
 
 async def _write_answer(writer: asyncio.StreamWriter, answer: Answer) -> None:
+    if answer.raw is not None:
+        async for data in answer.raw:
+            writer.write(data)
+            await writer.drain()
+        return
     reason = _REASONS.get(answer.status, "Error")
     if answer.events is None:
         data = json.dumps(answer.payload).encode()
