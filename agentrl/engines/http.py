@@ -226,14 +226,24 @@ def json_handler(handler: Handler) -> RequestHandler:
     return adapt
 
 
+def _half_fd_limit() -> int:
+    """Half the process's open-file limit (at least 64): connections a server accepts at
+    once, leaving the rest to the run's other sockets and files."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return max(64, (soft if soft != resource.RLIM_INFINITY else 2**16) // 2)
+
+
 class ServerLimits(NamedTuple):
     """What one client may cost a server before its request is answered or refused."""
 
     read_timeout_s: float = 60.0
     """Seconds to send the request line, headers and body (a slow client is answered 408
     and closed, never waited for)."""
-    max_connections: int = 512
-    """Connections open at once; one more is answered 503 and closed (fds stay free)."""
+    max_connections: int = _half_fd_limit()
+    """Connections open at once (default: half the open-file limit, 512 under the common
+    1,024); one more is answered 503 and closed, so the process never runs out of fds."""
     max_body_bytes: int = MAX_BODY_BYTES
     """Body bytes, by Content-Length or chunked (413 past it)."""
     max_header_bytes: int = 64 * 2**10
