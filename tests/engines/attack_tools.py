@@ -61,8 +61,8 @@ class LimitedServer:
             return Answer(200, {"ok": True, "bytes": len(request.body)})
 
         async def start() -> None:
-            server = await start_request_server(handler, "127.0.0.1", 0, limits=limits)
-            self.port = server.sockets[0].getsockname()[1]
+            self.server = await start_request_server(handler, "127.0.0.1", 0, limits=limits)
+            self.port = self.server.sockets[0].getsockname()[1]
             ready.set()
 
         def run() -> None:
@@ -74,4 +74,8 @@ class LimitedServer:
         assert ready.wait(10), "the server did not start"
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        def close() -> None:
+            self.server.close()
+            self.loop.stop()
+
+        self.loop.call_soon_threadsafe(close)

@@ -19,19 +19,23 @@ from tests.engines.test_remote import greedy_ids, weights_of
 @pytest.fixture
 def proxied(ckpt_a, serve):
     upstream = serve(ckpt_a)  # no token of its own, on loopback
-    loop, ready, port = asyncio.new_event_loop(), threading.Event(), []
+    loop, ready, proxies = asyncio.new_event_loop(), threading.Event(), []
 
     def run():
         asyncio.set_event_loop(loop)
-        proxy = loop.run_until_complete(start_proxy(upstream.url, "127.0.0.1", 0, TOKEN))
-        port.append(proxy.sockets[0].getsockname()[1])
+        proxies.append(loop.run_until_complete(start_proxy(upstream.url, "127.0.0.1", 0,
+                                                           TOKEN)))
         ready.set()
         loop.run_forever()
 
+    def stop():
+        proxies[0].close()
+        loop.stop()
+
     threading.Thread(target=run, daemon=True).start()
     assert ready.wait(10)
-    yield upstream, port[0]
-    loop.call_soon_threadsafe(loop.stop)
+    yield upstream, proxies[0].sockets[0].getsockname()[1]
+    loop.call_soon_threadsafe(stop)
 
 
 def test_nothing_passes_the_proxy_without_the_token(proxied):
