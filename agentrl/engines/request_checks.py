@@ -16,7 +16,7 @@ MAX_STOP_CHARS = 1000
 """Characters per stop string."""
 MAX_SEED = 2**63 - 1
 MAX_TOKENS = 2**31 - 1
-MAX_SYNC_TIMEOUT_S = 3600.0
+MAX_SYNC_TIMEOUT_S = 86400.0
 """Longest rendezvous/broadcast timeout a weight push may ask the replica to wait."""
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 """dtypes a weight push may send."""
