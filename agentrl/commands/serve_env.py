@@ -6,6 +6,10 @@ The server is OpenEnv's own (``create_fastapi_app``), one environment instance p
 WebSocket session; the wire types are in :mod:`agentrl.envs.adapters.openenv_server`.
 Once it listens it prints ``agentrl serve-env: ID on http://HOST:PORT``; it serves until
 interrupted. ``agentrl check-env http://HOST:PORT`` checks it through the network.
+
+It listens on loopback unless ``--host`` names another address, which needs the shared
+token (``--token-file`` or ``$AGENTRL_TOKEN``) that every request and WebSocket session
+must then carry (docs/security.md): an environment may run code.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ READY = "agentrl serve-env:"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments: the environment, its kwargs, the address, the session limit."""
-    from agentrl.commands.serve import add_address_arguments
+    from agentrl.commands.serve import add_address_arguments, add_token_argument
 
     parser.add_argument("env", help="registered id (agentrl/Calculator-v0) or module:Class")
     parser.add_argument("--kwargs", default="{}", help="constructor kwargs as JSON")
     add_address_arguments(parser)
+    add_token_argument(parser)
     parser.add_argument("--max-sessions", type=int, default=64,
                         help="WebSocket sessions at once (each its own environment instance)")
     parser.add_argument("--expose-demonstrations", action="store_true",
@@ -56,19 +61,32 @@ def run(args: argparse.Namespace) -> int:
     factory().close()  # fail here, in one line, rather than in every session
 
     app = build_app(factory, args.env, args.max_sessions, args.expose_demonstrations)
-    return serve(app, args.host, args.port, args.env)
+    return serve(app, args.host, args.port, args.env, args.token_file)
 
 
-def serve(app: object, host: str, port: int, name: str) -> int:
-    """Run uvicorn; print the READY line once it listens."""
+def serve(app: object, host: str, port: int, name: str, token_file: str | None = None) -> int:
+    """Run uvicorn (off loopback only with the shared token, which every request then
+    needs); print the READY line, with an address a client can connect to, once it
+    listens."""
     import uvicorn
 
+    from agentrl.engines.auth import TokenGate, check_bind, connectable_host, guard_asgi, load_token
+
+    try:
+        token = load_token(token_file)
+        check_bind(host, token, "agentrl serve-env", f"the environment {name} (its "
+                   "sessions, and the code its tools run)")
+    except ValueError as exc:
+        print(f"error: {exc}")
+        return 2
+    if token is not None:
+        app = guard_asgi(app, TokenGate(token, "agentrl serve-env"))
     if port == 0:
         from agentrl.envs.adapters.openenv_launch import free_port
 
         port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    shown = connectable_host(host)
 
     def announce() -> None:
         while not server.started and not server.should_exit:

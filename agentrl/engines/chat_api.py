@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
 
+from agentrl.engines.request_checks import check_depth, number, stop_strings
 from agentrl.envs.tools import HermesParser, ToolCall
 
 ROLES = {"system": "system", "developer": "system", "user": "user",
@@ -65,6 +66,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     """The checked request; ChatError (400) naming the offending field otherwise."""
     if not isinstance(body, dict):
         raise ChatError(400, "invalid_body", "the request body must be a JSON object")
+    _checked(check_depth, body, "the request body")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ChatError(400, "missing_model", "'model' must be a non-empty string", "model")
@@ -76,11 +78,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if body.get("n") not in (None, 1):
         raise ChatError(400, "unsupported_n", f"n = {body['n']!r}: this endpoint returns one "
                         "choice per request; send several requests instead", "n")
-    stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else stop
-    if not (isinstance(stop, list | tuple) and all(isinstance(s, str) for s in stop)):
-        raise ChatError(400, "invalid_stop", "'stop' must be a string or a list of strings",
-                        "stop")
+    stop = _checked(stop_strings, body.get("stop"), param="stop")
     options = body.get("stream_options") or {}
     return ChatRequest(
         model=model, messages=messages, tools=_tools(body.get("tools")),
@@ -93,14 +91,15 @@ def parse_chat_request(body: Any) -> ChatRequest:
 
 
 def _number(body: dict[str, Any], name: str, kind: type) -> Any:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or (
-            kind is int and value != int(value)):
-        raise ChatError(400, "invalid_parameter", f"{name!r} must be a number "
-                        f"({kind.__name__}), got {value!r}", name)
-    return kind(value)
+    return _checked(number, body, name, kind, param=name)
+
+
+def _checked(check: Callable[..., Any], *args: Any, param: str | None = None) -> Any:
+    """``check(*args)``, its ValueError as a 400 naming ``param``."""
+    try:
+        return check(*args)
+    except ValueError as exc:
+        raise ChatError(400, "invalid_parameter", str(exc), param) from None
 
 
 def _message(raw: Any, where: str) -> dict[str, Any]:
@@ -151,7 +150,8 @@ def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
         arguments = function.get("arguments", "{}") if isinstance(function, dict) else None
         try:
             decoded = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except ValueError:
+            check_depth(decoded, "arguments")
+        except (ValueError, RecursionError):
             decoded = None
         if not isinstance(name, str) or not isinstance(decoded, dict):
             raise ChatError(400, "invalid_tool_calls", f"{where}.tool_calls[{i}] must be "

@@ -18,6 +18,13 @@ its server-sent events with ``stream``). Every refusal (no or unknown session, a
 name it does not serve, a malformed request, a budget passed, a prompt the engine will
 not take) is answered with OpenAI's error object and reported to the session, whose
 rollout becomes invalid with that reason.
+
+A request is refused past ``max_request_bytes`` before it is parsed; a large one (over
+:data:`OFFLOAD_BYTES`) is parsed, rendered and tokenized on a worker thread, so one huge
+message never stalls the loop the other sessions share (a session's own requests take
+turns: its placement is never touched by two threads at once). Sessions opened on first
+use (``agentrl serve``) are forgotten after ``session_idle_s`` without a request and
+start afresh after ``max_session_requests`` requests, so none grows without bound.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import asyncio
 import itertools
 import json
 import re
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
@@ -46,6 +54,8 @@ SESSION_HEADER = "x-agentrl-session"
 SESSION_PATH = re.compile(r"^/sessions/([^/]+)(/v1/.+)$")
 ROUTES = {("POST", "/v1/chat/completions"), ("GET", "/v1/models"),
           ("GET", "/v1/agentrl/session")}
+OFFLOAD_BYTES = 64 * 2**10
+"""Request bodies larger than this are parsed and rendered on a worker thread."""
 
 
 class ChatSession(Protocol):
@@ -82,16 +92,28 @@ class ChatServer:
 
     def __init__(self, engine: Any, tokenizer: Any, model_name: str,
                  open_session: Callable[[str], ChatSession | None] | None = None,
-                 max_sessions: int = 4096) -> None:
+                 max_sessions: int = 4096, max_request_bytes: int = 8 * 2**20,
+                 session_idle_s: float = 3600.0, max_session_requests: int = 256,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """``model_name``: the only model requests may name; ``open_session(id)``: a
         session for an id not registered with :meth:`add` (None: refuse unknown ids), the
-        oldest of those forgotten past ``max_sessions``."""
+        oldest of those forgotten past ``max_sessions``, any forgotten after
+        ``session_idle_s`` seconds without a request, renewed after
+        ``max_session_requests`` requests; ``max_request_bytes``: the largest request
+        body (413 past it, before parsing)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.open_session = open_session
         self.max_sessions = max_sessions
+        self.max_request_bytes = max_request_bytes
+        self.session_idle_s = session_idle_s
+        self.max_session_requests = max_session_requests
+        self.clock = clock
         self.sessions: dict[str, ChatSession] = {}
+        self._opened: dict[str, float] = {}
+        """Sessions made by ``open_session``: id → when last used."""
+        self._locks: dict[str, asyncio.Lock] = {}
         self.num_requests = 0
         self._ids = itertools.count()
 
@@ -102,6 +124,8 @@ class ChatServer:
     def remove(self, session_id: str) -> None:
         """Stop serving a session (its later requests are refused as unknown)."""
         self.sessions.pop(session_id, None)
+        self._opened.pop(session_id, None)
+        self._locks.pop(session_id, None)
 
     def owns(self, target: str) -> bool:
         """Whether a request path is one of this server's routes."""
@@ -124,16 +148,24 @@ class ChatServer:
             session = self._session(session_id)
             if path == "/v1/agentrl/session":
                 return Answer(200, session.describe())
-            chat = parse_chat_request(_json(request.body))
-            if chat.model != self.model_name:
-                raise ChatError(404, "model_not_found", f"the model {chat.model!r} is not "
-                                f"served here; this endpoint serves {self.model_name!r} (the "
-                                "client config's model, OPENAI_MODEL)", "model")
-            return await self._complete(session, session_id or "", chat, request)
+            if len(request.body) > self.max_request_bytes:
+                raise ChatError(413, "request_too_large", f"the request has "
+                                f"{len(request.body)} bytes, over this endpoint's "
+                                f"{self.max_request_bytes}; compact the conversation")
+            return await self._complete(session, session_id or "", request)
         except ChatError as exc:
             if session is not None:
                 session.refuse(exc)
             return _error(exc)
+
+    def _begin(self, session: ChatSession, body: bytes) -> tuple[ChatRequest, Any]:
+        """Parse, check and place one request: its ChatRequest and turn."""
+        chat = parse_chat_request(_json(body))
+        if chat.model != self.model_name:
+            raise ChatError(404, "model_not_found", f"the model {chat.model!r} is not "
+                            f"served here; this endpoint serves {self.model_name!r} (the "
+                            "client config's model, OPENAI_MODEL)", "model")
+        return chat, session.begin(chat)
 
     def _session(self, session_id: str | None) -> ChatSession:
         if not session_id:
@@ -142,21 +174,41 @@ class ChatServer:
                             "/sessions/<id>/v1 (docs/harnesses.md)",
                             kind="authentication_error")
         session = self.sessions.get(session_id)
+        if session_id in self._opened and getattr(
+                session, "num_requests", 0) >= self.max_session_requests:
+            session = None  # a served session starts afresh rather than grow
         if session is None and self.open_session is not None:
+            self._forget_idle()
             session = self.open_session(session_id)
             if session is not None:
+                self.sessions.pop(session_id, None)
                 self.sessions[session_id] = session
+                self._opened[session_id] = self.clock()
                 if len(self.sessions) > self.max_sessions:
-                    self.sessions.pop(next(iter(self.sessions)))
+                    self.remove(next(iter(self.sessions)))
+        if session_id in self._opened:
+            self._opened[session_id] = self.clock()
         if session is None:
             raise ChatError(401, "unknown_session", f"no session {session_id!r} is open "
                             "here (its rollout ended, or the key is not one agentrl gave)",
                             kind="authentication_error")
         return session
 
-    async def _complete(self, session: ChatSession, session_id: str, chat: ChatRequest,
+    def _forget_idle(self) -> None:
+        """Drop opened sessions unused for ``session_idle_s``."""
+        now = self.clock()
+        for session_id, used in list(self._opened.items()):
+            if now - used > self.session_idle_s:
+                self.remove(session_id)
+
+    async def _complete(self, session: ChatSession, session_id: str,
                         request: Request) -> Answer:
-        turn = session.begin(chat)
+        lock = self._locks.setdefault(session_id, asyncio.Lock())
+        async with lock:  # a session's placements never run on two threads at once
+            if len(request.body) > OFFLOAD_BYTES:
+                chat, turn = await asyncio.to_thread(self._begin, session, request.body)
+            else:
+                chat, turn = self._begin(session, request.body)
         engine = getattr(session, "engine", None) or self.engine
         work = asyncio.ensure_future(engine.generate(turn.prompt_ids, turn.params,
                                                      key=session_id))
@@ -165,6 +217,12 @@ class ChatServer:
             await asyncio.wait([work, gone], return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
+        async with lock:
+            return self._reply(session, chat, turn, work)
+
+    def _reply(self, session: ChatSession, chat: ChatRequest, turn: Any,
+               work: asyncio.Future) -> Answer:
+        """Record the generation (or the turn's end without one) and answer it."""
         if not work.done():  # the client went away: drop its generation
             work.cancel()
             session.abandon(turn)
@@ -180,6 +238,10 @@ class ChatServer:
             session.abandon(turn)
             raise ChatError(503, "engine_unavailable", f"engine replica unavailable: {exc}",
                             kind="server_error") from exc
+        except Exception as exc:  # the turn ends here rather than stay busy forever
+            session.abandon(turn)
+            raise ChatError(500, "engine_error", f"the engine failed: {type(exc).__name__}: "
+                            f"{exc}", kind="server_error") from exc
         self.num_requests += 1
         body = self._body(chat, turn, generation)
         session.finish(turn, generation, body["choices"][0]["message"])
@@ -259,7 +321,7 @@ def _session_and_path(request: Request) -> tuple[str | None, str]:
 def _json(body: bytes) -> Any:
     try:
         return json.loads(body) if body else None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ChatError(400, "invalid_json", f"the request body is not JSON: {exc}") from None
 
 

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from agentrl.engines.auth import is_loopback
+
 Transport = str
 """"gloo" or "nccl"."""
 
@@ -47,6 +49,21 @@ def free_port(host: str = "") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def store_host(advertise_host: str) -> str:
+    """Where the trainer's rendezvous store listens: loopback for a replica on this
+    machine, else the one address the replica was told (this machine's address on the
+    route to it; a name that is not an address of this machine falls back to every
+    interface, as before, since the store could not be reached otherwise)."""
+    if not advertise_host or is_loopback(advertise_host):
+        return "127.0.0.1"
+    try:
+        with socket.socket() as sock:
+            sock.bind((advertise_host, 0))
+    except OSError:  # e.g. a NAT address the replica sees, not one of ours
+        return "0.0.0.0"
+    return advertise_host
 
 
 def _gloo_group(store: dist.Store, rank: int, world_size: int,
@@ -75,8 +92,10 @@ class GlooSender:
         self._world_size = 0
 
     def open(self, advertise_host: str, world_size: int) -> dict[str, Any]:
-        """Host the rendezvous store on a free port; returns the replica's init info."""
-        self._store = dist.TCPStore("0.0.0.0", 0, world_size=world_size, is_master=True,
+        """Host the rendezvous store on a free port of the address the replica reaches
+        (:func:`store_host`); returns the replica's init info."""
+        self._store = dist.TCPStore(store_host(advertise_host), 0, world_size=world_size,
+                                    is_master=True,
                                     timeout=datetime.timedelta(seconds=self.timeout_s),
                                     wait_for_workers=False)
         self._world_size = world_size

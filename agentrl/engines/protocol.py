@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from agentrl.engines.interface import Generation, SamplingParams
+from agentrl.engines.request_checks import number, stop_strings
 
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -63,29 +64,37 @@ def generation_from_response(answer: dict[str, Any], where: str) -> Generation:
 def parse_completion_request(body: Any, eos_token_id: int | None) -> tuple[list[int],
                                                                           SamplingParams]:
     """Server side: the prompt ids and SamplingParams of a request; ValueError on
-    anything this subset does not serve (text prompts, n > 1, streaming, echo)."""
+    anything this subset does not serve (text prompts, n > 1, streaming, echo) and on any
+    value out of range (``agentrl.engines.request_checks``; the engine checks the ids
+    against its vocabulary)."""
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
     prompt = body.get("prompt")
-    if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
+    if not (isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt)):
         raise ValueError("prompt must be a non-empty list of token ids (this server takes "
                          "token ids only, never text)")
     for name, allowed in (("n", 1), ("stream", False), ("echo", False)):
         if body.get(name) not in (None, allowed):
             raise ValueError(f"{name} = {body[name]!r} is not served; use {allowed!r}")
-    stop_ids = tuple(int(t) for t in body.get("stop_token_ids") or ())
+    stop_ids = body.get("stop_token_ids") or []
+    if not (isinstance(stop_ids, list) and all(_is_id(t) for t in stop_ids)):
+        raise ValueError("stop_token_ids must be a list of token ids")
+    stop_ids = tuple(stop_ids)
     if not body.get("ignore_eos", False) and eos_token_id is not None:
         stop_ids = (*stop_ids, eos_token_id)
-    stop = body.get("stop") or ()
     params = SamplingParams(
-        temperature=float(1.0 if body.get("temperature") is None else body["temperature"]),
-        top_p=float(1.0 if body.get("top_p") is None else body["top_p"]),
-        max_tokens=int(body.get("max_tokens") or 16),
-        stop_token_ids=stop_ids,
-        stop=(stop,) if isinstance(stop, str) else tuple(stop),
-        seed=None if body.get("seed") is None else int(body["seed"]),
+        temperature=number(body, "temperature", float, 1.0),
+        top_p=number(body, "top_p", float, 1.0),
+        max_tokens=number(body, "max_tokens", int, 16),
+        stop_token_ids=stop_ids, stop=stop_strings(body.get("stop")),
+        seed=number(body, "seed", int),
     )
-    return [int(t) for t in prompt], params
+    return list(prompt), params
+
+
+def _is_id(value: Any) -> bool:
+    """A token id's type and sign (its range is the engine's vocabulary)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def completion_response(generation: Generation, model: str, num_prompt_tokens: int,

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from agentrl.engines.auth import load_token
 from agentrl.engines.http import (
     HTTPError,
     ReplicaUnavailableError,
@@ -31,10 +32,12 @@ class RemoteEngine:
 
     def __init__(self, url: str, request_timeout_s: float = 600.0,
                  sync_timeout_s: float = 300.0, transport: str = "auto",
-                 advertise_host: str = "") -> None:
+                 advertise_host: str = "", token: str | None = None) -> None:
         """``transport``: the weight-sync data plane ("gloo", "nccl"; "auto": gloo for
         ``agentrl serve``, NCCL for vLLM when this process has a GPU); ``advertise_host``:
-        the trainer's address as the server reaches it ("" finds it from the route)."""
+        the trainer's address as the server reaches it ("" finds it from the route);
+        ``token``: the run's shared token sent with every call (None: ``$AGENTRL_TOKEN``
+        or ``$AGENTRL_TOKEN_FILE`` when set, ``agentrl.engines.auth``)."""
         split_url(url)  # a malformed URL fails here, naming it
         self.url = url.rstrip("/")
         self.name = self.url
@@ -42,6 +45,7 @@ class RemoteEngine:
         self.sync_timeout_s = sync_timeout_s
         self.transport = transport
         self.advertise_host = advertise_host
+        self.token = token if token is not None else load_token()
         self.weight_version = 0
         self.model: str | None = None
         self.is_agentrl = False
@@ -65,7 +69,7 @@ class RemoteEngine:
         body = completion_request(prompt_ids, params, self.model, key)
         try:
             answer = await request_json(self.url, "/v1/completions", body,
-                                        self.request_timeout_s)
+                                        self.request_timeout_s, self.token)
         except HTTPError as exc:
             if 400 <= exc.status < 500:  # the server refused this request: only it fails
                 raise ValueError(str(exc)) from exc
@@ -115,7 +119,7 @@ class RemoteEngine:
 
     def _collective(self) -> CollectiveSync:
         if self._sync is None:
-            control = HttpControl(self.url, self.sync_timeout_s)
+            control = HttpControl(self.url, self.sync_timeout_s, self.token)
             transport = self.transport
             if transport == "auto":  # vLLM on GPUs: NCCL (a CPU-only trainer cannot)
                 gpu = torch.cuda.is_available() and not self.is_agentrl
@@ -130,10 +134,12 @@ class RemoteEngine:
 
     def _get(self, path: str, timeout_s: float | None = None) -> Any:
         timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
-        return post_json_blocking(self.url, path, None, timeout_s, method="GET")
+        return post_json_blocking(self.url, path, None, timeout_s, method="GET",
+                                  token=self.token)
 
     def _post(self, path: str) -> Any:
-        return post_json_blocking(self.url, path, None, self.sync_timeout_s)
+        return post_json_blocking(self.url, path, None, self.sync_timeout_s,
+                                  token=self.token)
 
 
 __all__ = ["RemoteEngine", "ReplicaUnavailableError"]

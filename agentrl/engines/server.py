@@ -13,6 +13,13 @@ client (``RemoteEngine``) drives both:
 - ``GET /agentrl/info``: version and counters (requests, generated tokens).
 
 A cancelled client request (closed socket) cancels its generation.
+
+With a token (``agentrl.engines.auth``; required off loopback), every route but
+``/health`` needs it. A weight push is staged: each bucket is checked against the served
+model (names, shapes, dtypes) before a byte is received, held aside, and installed only
+by a ``finish_weight_update`` that names a version once every parameter arrived; a
+refused or partial push leaves the served weights and version untouched. One
+``init_weight_transfer_engine`` runs at a time.
 """
 
 from __future__ import annotations
@@ -23,9 +30,19 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import torch
+
+from agentrl.engines.auth import TokenGate
 from agentrl.engines.collective import GlooReceiver
-from agentrl.engines.http import RequestHandler, json_handler, start_request_server
+from agentrl.engines.http import (
+    DEFAULT_LIMITS,
+    RequestHandler,
+    ServerLimits,
+    json_handler,
+    start_request_server,
+)
 from agentrl.engines.protocol import completion_response, parse_completion_request
+from agentrl.engines.request_checks import check_init_info, check_update_info
 
 Route = Callable[[Any, dict[str, list[str]]], Awaitable[Any]]
 
@@ -33,12 +50,18 @@ Route = Callable[[Any, dict[str, list[str]]], Awaitable[Any]]
 class EngineServer:
     """Routes HTTP requests to one ``TorchEngine``."""
 
-    def __init__(self, engine: Any, tokenizer: Any, model_name: str) -> None:
-        """``model_name``: the id ``/v1/models`` reports."""
+    def __init__(self, engine: Any, tokenizer: Any, model_name: str,
+                 token: str | None = None) -> None:
+        """``model_name``: the id ``/v1/models`` reports; ``token``: the shared token every
+        route but ``/health`` needs (None: none needed, loopback only)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.gate = TokenGate(token, "agentrl serve")
         self.receiver = GlooReceiver()
+        self._staged: dict[str, torch.Tensor] | None = None
+        """The tensors of the push in progress, installed by its finish."""
+        self._connecting = False
         self.num_requests = 0
         self.num_generated_tokens = 0
         self._ids = itertools.count()
@@ -118,36 +141,73 @@ class EngineServer:
         return {"world_size": 1}
 
     async def init_transfer(self, body: Any, query: dict) -> Any:
-        """Join the trainer's group (blocks a worker thread, not the server)."""
-        init_info = (body or {}).get("init_info")
-        if not isinstance(init_info, dict):
-            raise ValueError("init_weight_transfer_engine needs {'init_info': {...}}")
-        await asyncio.to_thread(self.receiver.connect, init_info)
+        """Join the trainer's group (blocks a worker thread, not the server); one at a
+        time."""
+        init_info = check_init_info((body or {}).get("init_info")
+                                    if isinstance(body, dict) else None)
+        if self._connecting:
+            raise RuntimeError("another init_weight_transfer_engine is in progress; one "
+                               "trainer syncs a replica at a time")
+        self._connecting = True
+        try:
+            await asyncio.to_thread(self.receiver.connect, init_info)
+        finally:
+            self._connecting = False
         return {"message": "Weight transfer initialized"}
 
     async def start_update(self, body: Any, query: dict) -> Any:
-        """Begin a sync session."""
+        """Begin a sync session (409 while generations run on a full-weight engine)."""
         self.engine.start_weight_update()
+        self._staged = {}
         return {"message": "Weight update started"}
 
     async def update_weights(self, body: Any, query: dict) -> Any:
-        """Receive one bucket over the group and load it."""
-        info = (body or {}).get("update_info")
-        if not isinstance(info, dict):
-            raise ValueError("update_weights needs {'update_info': {names, dtype_names, "
-                             "shapes}}")
+        """Receive one bucket over the group, checked against the served model first, and
+        stage it."""
+        if self._staged is None:
+            raise RuntimeError("update_weights outside a weight update: call "
+                               "start_weight_update first")
+        info = (body or {}).get("update_info") if isinstance(body, dict) else None
+        check_update_info(info, self._expected_shapes())
         bucket = await asyncio.to_thread(self.receiver.receive, info)
-        self.engine.load_bucket(bucket)
+        if self._staged is None:  # a finish came meanwhile
+            raise RuntimeError("the weight update ended while this bucket was received")
+        self._staged.update(bucket)
         return {"message": "Weights updated"}
 
     async def finish_update(self, body: Any, query: dict) -> Any:
-        """End the session and serve the given version."""
-        version = (body or {}).get("weight_version")
+        """End the session: install the staged tensors and serve the given version, only
+        when every one arrived; otherwise drop them (served weights untouched)."""
+        staged, self._staged = self._staged, None
+        version = (body or {}).get("weight_version") if isinstance(body, dict) else None
         if version is None or not str(version).lstrip("-").isdigit():
             raise ValueError(f"finish_weight_update needs an integer weight_version, got "
-                             f"{version!r}")
+                             f"{version!r}; the staged tensors are dropped")
+        if staged is None:
+            raise RuntimeError("finish_weight_update without start_weight_update")
+        missing = sorted(self._required_names() - staged.keys())
+        if missing:
+            raise ValueError(f"the weight update lacks {len(missing)} tensors, e.g. "
+                             f"{missing[:3]}; nothing was installed, the served version "
+                             f"stays {self.engine.weight_version}")
+        self.engine.start_weight_update()
+        self.engine.load_bucket(list(staged.items()))
         self.engine.finish_weight_update(int(version))
         return {"message": "Weight update finished"}
+
+    def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Name → shape of every tensor a push may carry (a LoRA engine: its adapters)."""
+        adapters = getattr(self.engine, "adapters", None)
+        if adapters is not None:
+            return dict(adapters.shapes)
+        return {n: tuple(t.shape) for n, t in self.engine.model.state_dict().items()}
+
+    def _required_names(self) -> set[str]:
+        """The tensors a complete push carries."""
+        adapters = getattr(self.engine, "adapters", None)
+        if adapters is not None:
+            return set(adapters.shapes)
+        return {n for n, _ in self.engine.model.named_parameters()}
 
     async def sleep(self, body: Any, query: dict) -> Any:
         """Free the KV cache."""
@@ -167,11 +227,13 @@ class EngineServer:
 
 async def serve_forever(server: EngineServer, host: str, port: int,
                         ready: Callable[[int], None] | None = None,
-                        wrap: Callable[[RequestHandler], RequestHandler] | None = None) -> None:
+                        wrap: Callable[[RequestHandler], RequestHandler] | None = None,
+                        limits: ServerLimits = DEFAULT_LIMITS) -> None:
     """Serve until cancelled; ``ready(port)`` is called once listening (port 0 picks one);
-    ``wrap``: more routes on the same port (the chat endpoint)."""
+    ``wrap``: more routes on the same port (the chat endpoint), behind the same token."""
     handler = json_handler(server.handle)
-    http = await start_request_server(wrap(handler) if wrap else handler, host, port)
+    http = await start_request_server(wrap(handler) if wrap else handler, host, port,
+                                      limits=limits, gate=server.gate)
     bound = http.sockets[0].getsockname()[1]
     if ready is not None:
         ready(bound)

@@ -42,13 +42,15 @@ class HttpControl:
     """The control plane of a server: vLLM's RL routes (``VLLM_SERVER_DEV_MODE=1``), which
     ``agentrl serve`` implements as well."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
-        """``timeout_s``: seconds each call may take."""
+    def __init__(self, url: str, timeout_s: float, token: str | None = None) -> None:
+        """``timeout_s``: seconds each call may take; ``token``: the run's shared token
+        (``agentrl.engines.auth``), sent with every call when given."""
         self.url = url
         self.timeout_s = timeout_s
+        self.token = token
 
     def _post(self, path: str, payload: Any | None = None) -> Any:
-        return post_json_blocking(self.url, path, payload, self.timeout_s)
+        return post_json_blocking(self.url, path, payload, self.timeout_s, token=self.token)
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         """Have the replica's workers join the trainer's group."""
@@ -69,7 +71,7 @@ class HttpControl:
     def world_size(self) -> int:
         """The replica's workers (tensor × pipeline parallel), as vLLM reports them."""
         answer = post_json_blocking(self.url, "/get_world_size?include_dp=false", None,
-                                    self.timeout_s, method="GET")
+                                    self.timeout_s, method="GET", token=self.token)
         return int(answer["world_size"])
 
 

@@ -121,6 +121,8 @@ class TorchEngine:
         self._cache: Any = None
         self._table: SlotTable | None = None
         self._pending: list[Request] = []
+        self._admitting: list[Request] = []
+        """Requests taken from the queue by the admission round in progress."""
         self._active: dict[int, Request] = {}
         """Admitted, unfinished requests by slot."""
         self._cancelled: list[Request] = []
@@ -307,8 +309,15 @@ class TorchEngine:
                                  for s in range(hi)])
 
     def _check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """ValueError for a request that would fail inside a batch (and fail the others
+        with it): ids outside the vocabulary, a prompt too long, empty stop strings."""
         if not prompt_ids:
             raise ValueError("generate() got an empty prompt; give at least one token id")
+        vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
+        if isinstance(vocab, int) and not 0 <= min(prompt_ids) <= max(prompt_ids) < vocab:
+            bad = next(t for t in prompt_ids if not 0 <= t < vocab)
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary "
+                             f"[0, {vocab}); send ids of this model's tokenizer")
         if len(prompt_ids) >= self.max_len:
             raise ValueError(
                 f"prompt of {len(prompt_ids)} tokens does not fit the engine's max_len "
@@ -316,6 +325,9 @@ class TorchEngine:
             )
         if params.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens is {params.max_tokens}; need >= 1")
+        if any(not stop for stop in params.stop):
+            raise ValueError("an empty stop string would stop every generation at once; "
+                             "drop it")
         if params.stop and self.tokenizer is None:
             raise ValueError(
                 f"stop strings {params.stop!r} need a tokenizer to decode the output; "
@@ -334,11 +346,12 @@ class TorchEngine:
                     self._decode_step()
                 await asyncio.sleep(0)  # let rollouts queue new requests between steps
         except Exception as exc:  # fail every waiting caller rather than hang them
-            for request in [*self._pending, *self._active.values()]:
+            for request in [*self._admitting, *self._pending, *self._active.values()]:
                 if not request.future.done():
                     request.future.set_exception(exc)
             self._pending.clear()
             self._active.clear()
+            self._admitting = []
             self._cache = self._table = None
             self._num_stop_strings = 0
             raise
@@ -365,7 +378,7 @@ class TorchEngine:
     def _admit(self) -> None:
         """Give queued requests slots and their prompts' cache; sample their first token."""
         room = self.max_batch_size - len(self._active)
-        admitted = []
+        admitted = self._admitting = []  # answered by _run's failure path if this raises
         while self._pending and len(admitted) < room:
             request = self._pending.pop(0)
             if not request.future.done():  # else: cancelled while queued
@@ -392,6 +405,7 @@ class TorchEngine:
             self._num_stop_strings += bool(request.params.stop)
         rows = torch.tensor([r.slot for r, _ in first], device=table.device)
         self._sample(rows, torch.stack([logits for _, logits in first]))
+        self._admitting = []
 
     # ------------------------------------------------------------------ decoding
 

@@ -18,10 +18,12 @@ import os
 import secrets
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from agentrl.config import EndpointConfig, RolloutConfig
+from agentrl.engines.auth import is_loopback
 from agentrl.engines.chat_api import ChatRequest
 from agentrl.engines.chat_server import ChatServer, start_chat_server
 from agentrl.engines.interface import SamplingParams
@@ -79,6 +81,11 @@ class HarnessEndpoint:
             await asyncio.shield(self._unix)
 
     async def _listen_tcp(self) -> None:
+        if not is_loopback(self.config.host):  # the session ids (API keys) guard it
+            warnings.warn(f"endpoint.host = {self.config.host!r}: the agent programs' "
+                          "endpoint is reachable from the network; each session still needs "
+                          "its secret id (the program's API key), and the traffic is plain "
+                          "HTTP (docs/security.md)", stacklevel=2)
         tcp = await start_chat_server(self.server, self.config.host, self.config.port)
         self.port = tcp.sockets[0].getsockname()[1]
         self._listeners.append(tcp)

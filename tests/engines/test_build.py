@@ -110,7 +110,7 @@ def test_vllm_serve_flags_make_vllm_speak_the_protocol(tmp_path):
                                         "placement": "separate",
                                         "vllm_args": {"enforce_eager": True,
                                                       "gpu_memory_utilization": 0.8}}})
-    argv, env = vllm_serve_command(cfg, "0.0.0.0", 8001)
+    argv, env = vllm_serve_command(cfg, "127.0.0.1", 8001)
     flags = dict(zip(argv[3::2], argv[4::2], strict=False))
     assert argv[:3] == ["vllm", "serve", str(model)] and env == {"VLLM_SERVER_DEV_MODE": "1"}
     assert flags["--port"] == "8001" and flags["--tensor-parallel-size"] == "2"
