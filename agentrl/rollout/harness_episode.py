@@ -142,6 +142,9 @@ async def _run_command(harness: HarnessConfig, task: dict[str, Any], client: dic
                        max_chars: int) -> str:
     owner = _program_uid(harness)
     own_dir = _own_folder(owner)
+    # held open from the start: the answer is read in this folder even if its path is
+    # swapped meanwhile (O_NOFOLLOW guards the file's own name only)
+    folder_fd = os.open(own_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         argv, env, popen = _command_line(harness, task, client, endpoint, own_dir)
         where = shlex.join(harness.command)[:120]
@@ -167,9 +170,10 @@ async def _run_command(harness: HarnessConfig, task: dict[str, Any], client: dic
             raise EnvError("harness_raised", f"env {name!r}: the harness command {where} "
                            f"exited with status {proc.returncode}: "
                            f"{brief(' / '.join(said)) or 'no output on stderr'}")
-        answer = read_answer(os.path.join(own_dir, ANSWER_FILE), owner, max_chars, name)
+        answer = read_answer(ANSWER_FILE, owner, max_chars, name, folder_fd)
         return out.decode("utf-8", "replace").strip() if answer is None else answer
     finally:
+        os.close(folder_fd)
         _remove_folder(own_dir)
 
 
@@ -191,12 +195,15 @@ def _own_folder(owner: int) -> str:
     return folder
 
 
-def read_answer(path: str, owner: int, max_chars: int, name: str) -> str | None:
-    """The program's answer file, read as untrusted data: None when it left none; opened
-    without following a link or blocking, taken only as a regular file of ``owner``, at
-    most ``max_chars`` bytes; anything else is an EnvError (``harness_bad_answer``)."""
+def read_answer(path: str, owner: int, max_chars: int, name: str,
+                dir_fd: int | None = None) -> str | None:
+    """The program's answer file (``path``, relative to ``dir_fd`` when given), read as
+    untrusted data: None when it left none; opened without following a link or blocking,
+    taken only as a regular file of ``owner``, at most ``max_chars`` bytes; anything else
+    is an EnvError (``harness_bad_answer``)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:  # ELOOP: a symbolic link
