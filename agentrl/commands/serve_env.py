@@ -25,7 +25,8 @@ READY = "agentrl serve-env:"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments: the environment, its kwargs, the address, the session limit."""
+    """Arguments: the environment, its kwargs, the address and token, the session limit
+    and idle timeout."""
     from agentrl.commands.serve import add_address_arguments, add_token_argument
 
     parser.add_argument("env", help="registered id (agentrl/Calculator-v0) or module:Class")
@@ -34,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_token_argument(parser)
     parser.add_argument("--max-sessions", type=int, default=64,
                         help="WebSocket sessions at once (each its own environment instance)")
+    parser.add_argument("--idle-timeout-s", type=float, default=300.0,
+                        help="close a WebSocket session whose client sends nothing for this "
+                             "many seconds (frees its environment for the next client)")
     parser.add_argument("--expose-demonstrations", action="store_true",
                         help="put the environment's scripted next action in each session's "
                              "state (for check-env and sft through the server; never give it "
@@ -41,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Build the app and serve it until interrupted; 2 when the environment is unknown."""
+    """Build the app and serve it until interrupted; 2 when the environment is unknown
+    or cannot be served (``@subagent`` tools)."""
     from agentrl.commands.check_env import json_kwargs
     from agentrl.envs.registry import make, resolve
 
@@ -53,14 +58,25 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.config.extras import MissingExtra
 
     try:
-        from agentrl.envs.adapters.openenv_server import build_app
+        from agentrl.envs.adapters.openenv_server import build_app, unservable
     except MissingExtra as exc:
         print(f"error: {exc}")
         return 2
+    if not args.idle_timeout_s > 0:
+        print(f"error: --idle-timeout-s is {args.idle_timeout_s}; it must be > 0 seconds")
+        return 2
     factory = functools.partial(make, args.env, **json_kwargs(args.kwargs))
-    factory().close()  # fail here, in one line, rather than in every session
+    probe = factory()  # fail here, in one line, rather than in every session
+    try:
+        problem = unservable(probe)
+    finally:
+        probe.close()
+    if problem is not None:
+        print(f"error: agentrl serve-env cannot serve {args.env}: {problem}")
+        return 2
 
-    app = build_app(factory, args.env, args.max_sessions, args.expose_demonstrations)
+    app = build_app(factory, args.env, args.max_sessions, args.expose_demonstrations,
+                    args.idle_timeout_s)
     return serve(app, args.host, args.port, args.env, args.token_file)
 
 

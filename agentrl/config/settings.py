@@ -372,8 +372,16 @@ class HarnessConfig(_Section):
     killed at the deadline (as ``AgentEnv.isolation``)."""
     sandbox: bool = False
     """``command``: run it in a bubblewrap sandbox: the host's root read-only, a private
-    /tmp, its working folder read-only, its own user, PID and network namespaces, and no
-    network but the endpoint (docs/security.md)."""
+    /tmp (and empty /run, /var/tmp, ...), its working folder read-only, its own user, PID
+    and network namespaces, no network but the endpoint and no Unix socket (a seccomp
+    filter), within ``max_open_files`` and ``max_processes`` (docs/security.md)."""
+    max_open_files: PositiveInt = 256
+    """``command`` with ``sandbox``: file descriptors the program may hold (RLIMIT_NOFILE);
+    >= 1. Its connections to the endpoint are capped at 64 at once besides."""
+    max_processes: PositiveInt = 256
+    """``command`` with ``sandbox``: processes and threads the program's uid may run in
+    its sandbox (RLIMIT_NPROC; the forwarder's two threads per open connection count);
+    >= 1."""
     cwd: str = ""
     """``command``: the working folder (relative to where agentrl runs); "": that folder."""
     env: dict[str, str] = {}

@@ -23,6 +23,7 @@ with a marker: a tool message can never break the tokenizer or flood the context
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import json
@@ -326,7 +327,11 @@ def _call_with_timeout(bound: BoundTool, kwargs: dict, timeout_s: float) -> Tool
         except Exception as exc:  # the tool's own failure goes back to the model
             box["error"] = f"{type(exc).__name__}: {brief(exception_message(exc))}"
 
-    thread = threading.Thread(target=target, daemon=True, name=f"tool-{bound.spec.name}")
+    # the caller's context goes with it: its sandbox meter and process scope
+    # (agentrl.sandbox.scope: an abandoned step stops the sandboxes its tools started)
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(target,), daemon=True,
+                              name=f"tool-{bound.spec.name}")
     thread.start()
     thread.join(timeout_s)
     name = bound.spec.name

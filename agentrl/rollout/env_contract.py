@@ -38,7 +38,7 @@ INVALID_KINDS = (
     *REMOTE_KINDS,
     "grade_raised", "grade_timeout",
     "harness_raised", "harness_timeout", "harness_budget", "harness_foreign_model",
-    "harness_bad_request", "harness_bad_final",
+    "harness_bad_request", "harness_bad_final", "harness_bad_answer",
 )
 """Why a rollout is invalid, short and stable: the ``<kind>`` of the metrics
 ``invalid/<kind>`` and ``env/<name>/invalid/<kind>``. ``<method>_raised`` and
@@ -55,7 +55,9 @@ Agent programs behind the endpoint (docs/harnesses.md): ``harness_raised`` (it c
 exited non-zero), ``harness_timeout`` (it hung past its deadline), ``harness_budget`` (more
 requests or tokens than its budget), ``harness_foreign_model`` (a model name the endpoint
 does not serve), ``harness_bad_request`` (a request the endpoint could not read),
-``harness_bad_final`` (a final answer that is not text); ``grade_*`` for its grader."""
+``harness_bad_final`` (a final answer that is not text), ``harness_bad_answer`` (an
+answer file that is not a regular file the program owns: a link, a folder, a FIFO);
+``grade_*`` for its grader."""
 
 _INFRA, _AMBIGUOUS, _POLICY = "infrastructure", "ambiguous", "policy"
 FAILURE_CLASSES: dict[str, str] = {

@@ -58,6 +58,7 @@ from agentrl.rollout.env_contract import (
 )
 from agentrl.rollout.env_threads import ENV_THREADS
 from agentrl.sandbox.meter import SANDBOX, Meter
+from agentrl.sandbox.scope import ProcessScope, process_scope
 from agentrl.text import brief, exception_message
 from agentrl.types import MAIN_THREAD, Message, Spend
 
@@ -337,11 +338,16 @@ class ThreadCaller:
 
         context = contextvars.copy_context()  # the caller's context, as asyncio.to_thread
         ran = ENV_CALLS.current()
+        scope = ProcessScope()  # closed when the call is abandoned: its sandboxes stop
+
+        def scoped() -> Any:
+            with process_scope(scope):
+                return fn(*args, **kwargs)
 
         def target() -> None:
             clock["start"] = time.monotonic()
             try:
-                outcome: tuple[bool, Any] = (True, context.run(fn, *args, **kwargs))
+                outcome: tuple[bool, Any] = (True, context.run(scoped))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 outcome = (False, exc)
             clock["end"] = time.monotonic()
@@ -372,6 +378,7 @@ class ThreadCaller:
         except TimeoutError:
             late = time.monotonic() - started - timeout_s
             self.stall_s = max(self.stall_s, late)
+            scope.close()
             self._abandon()
             detail = (f" (the event loop noticed {late:.1f} s after the deadline: the call "
                       "held it, and code that holds the GIL needs isolation = \"process\")"
@@ -380,6 +387,7 @@ class ThreadCaller:
             error.loop_stall_s = late
             raise error from None
         except asyncio.CancelledError:
+            scope.close()
             self._abandon()
             raise
         return self._outcome(what, ok, value, clock["end"] - clock["start"], timeout_s)

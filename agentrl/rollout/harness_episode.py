@@ -12,8 +12,8 @@ The environment (the task source and grader) is contained like any other
 Whatever goes wrong invalidates this rollout only, with a named kind: the endpoint's
 reason when it refused a request (``harness_budget``, ``harness_foreign_model``,
 ``harness_bad_request``, ...), else the program's (``harness_raised``,
-``harness_timeout``, ``harness_bad_final``), else the grader's. The rows are whatever the
-session recorded, over all its threads.
+``harness_timeout``, ``harness_bad_final``, ``harness_bad_answer``), else the grader's.
+The rows are whatever the session recorded, over all its threads.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import tempfile
 from typing import Any
 
@@ -139,7 +140,11 @@ async def _run_callable(harness: HarnessConfig, task: dict[str, Any], client: di
 async def _run_command(harness: HarnessConfig, task: dict[str, Any], client: dict[str, str],
                        endpoint: HarnessEndpoint, name: str, timeout_s: float,
                        max_chars: int) -> str:
-    own_dir = tempfile.mkdtemp(prefix="agentrl-harness-")
+    owner = _program_uid(harness)
+    own_dir = _own_folder(owner)
+    # held open from the start: the answer is read in this folder even if its path is
+    # swapped meanwhile (O_NOFOLLOW guards the file's own name only)
+    folder_fd = os.open(own_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         argv, env, popen = _command_line(harness, task, client, endpoint, own_dir)
         where = shlex.join(harness.command)[:120]
@@ -165,13 +170,72 @@ async def _run_command(harness: HarnessConfig, task: dict[str, Any], client: dic
             raise EnvError("harness_raised", f"env {name!r}: the harness command {where} "
                            f"exited with status {proc.returncode}: "
                            f"{brief(' / '.join(said)) or 'no output on stderr'}")
-        answer = os.path.join(own_dir, ANSWER_FILE)
-        if os.path.exists(answer):
-            with open(answer, encoding="utf-8", errors="replace") as file:
-                return file.read(max_chars).strip()
-        return out.decode("utf-8", "replace").strip()
+        answer = read_answer(ANSWER_FILE, owner, max_chars, name, folder_fd)
+        return out.decode("utf-8", "replace").strip() if answer is None else answer
     finally:
-        shutil.rmtree(own_dir, ignore_errors=True)
+        os.close(folder_fd)
+        _remove_folder(own_dir)
+
+
+def _program_uid(harness: HarnessConfig) -> int:
+    """The host uid the program runs as: the sandbox's, or the trainer's own."""
+    if not harness.sandbox:
+        return os.geteuid()
+    from agentrl.sandbox.bwrap import host_uid
+
+    return host_uid()
+
+
+def _own_folder(owner: int) -> str:
+    """A fresh folder for the program's answer file that only ``owner`` may write (mode
+    0700: no other local user can plant an answer in it)."""
+    folder = tempfile.mkdtemp(prefix="agentrl-harness-")
+    if owner != os.geteuid():
+        os.chown(folder, owner, owner)
+    return folder
+
+
+def read_answer(path: str, owner: int, max_chars: int, name: str,
+                dir_fd: int | None = None) -> str | None:
+    """The program's answer file (``path``, relative to ``dir_fd`` when given), read as
+    untrusted data: None when it left none; opened without following a link or blocking,
+    taken only as a regular file of ``owner``, at most ``max_chars`` bytes; anything else
+    is an EnvError (``harness_bad_answer``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symbolic link
+        raise EnvError("harness_bad_answer", f"env {name!r}: the answer file cannot be "
+                       f"read as a regular file ({exc.strerror}); it must be a plain file "
+                       "the program wrote") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != owner:
+            raise EnvError("harness_bad_answer", f"env {name!r}: the answer file is not a "
+                           f"regular file owned by the program's uid {owner} (mode "
+                           f"{info.st_mode:o}, uid {info.st_uid}); it was not read")
+        kept = bytearray()
+        while len(kept) < max_chars and (chunk := os.read(fd, max_chars - len(kept))):
+            kept += chunk
+    finally:
+        os.close(fd)
+    return kept.decode("utf-8", "replace").strip()
+
+
+def _remove_folder(folder: str) -> None:
+    """Remove the program's folder whatever it left there (subfolders it made unreadable
+    included); never raises."""
+    for root, dirs, _ in os.walk(folder):
+        for name in dirs:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                try:
+                    os.chmod(path, 0o700)
+                except OSError:
+                    pass
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _command_line(harness: HarnessConfig, task: dict[str, Any], client: dict[str, str],
@@ -187,11 +251,11 @@ def _command_line(harness: HarnessConfig, task: dict[str, Any], client: dict[str
     from agentrl.sandbox.program import INSIDE, inside_base_url, sandboxed_program
 
     assert endpoint.socket_path is not None  # started with unix_socket=True
-    os.chmod(own_dir, 0o777)  # the sandbox writes its answer as another user
     env.update(OPENAI_BASE_URL=inside_base_url(),
                AGENTRL_ANSWER_FILE=f"{INSIDE}/{ANSWER_FILE}")
     argv, popen = sandboxed_program(list(harness.command), endpoint.socket_path, own_dir,
-                                    os.path.abspath(harness.cwd or "."), env)
+                                    os.path.abspath(harness.cwd or "."), env,
+                                    harness.max_open_files, harness.max_processes)
     return argv, {}, popen
 
 

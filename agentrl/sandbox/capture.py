@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from agentrl.sandbox.scope import current_scope
 from agentrl.sandbox.types import SandboxLimits
 
 TICK_S = 0.1
@@ -28,7 +29,8 @@ class Capture(msgspec.Struct):
     truncated: bool
     returncode: int
     stopped: str | None
-    """None, or why it was killed: "timeout" or "output_limit"."""
+    """None, or why it was killed: "timeout", "output_limit", or "abandoned" (the call it
+    served passed its deadline: :mod:`agentrl.sandbox.scope`)."""
 
 
 def launch(argv: list[str], code: str, limits: SandboxLimits, **popen: Any) -> Capture:
@@ -36,15 +38,25 @@ def launch(argv: list[str], code: str, limits: SandboxLimits, **popen: Any) -> C
 
     The process starts a new session; whatever is left of that process group when the run
     ends (normally, at the deadline, or at the output limit) is SIGKILLed before the
-    process is reaped, so the group id cannot have been reused.
+    process is reaped, so the group id cannot have been reused. Inside an abandoned
+    :class:`~agentrl.sandbox.scope.ProcessScope` nothing starts.
     """
+    scope = current_scope()
+    if scope is not None and scope.closed:  # the call it serves was abandoned
+        return Capture(b"", b"", False, -signal.SIGKILL, "abandoned")
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={}, start_new_session=True, **popen)
+    if scope is not None and not scope.started(proc.pid):
+        _kill_group(proc.pid)  # abandoned while it started
     outputs = _Outputs(proc, limits)
+    stopped = None
     try:
         stopped = _pump(proc, code.encode("utf-8", "replace"), outputs, limits.wall_s)
     finally:
         _kill_group(proc.pid)
+        if scope is not None:
+            scope.ended(proc.pid)
+            stopped = "abandoned" if scope.closed else stopped
         proc.wait()
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None and not stream.closed:

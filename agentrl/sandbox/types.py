@@ -52,7 +52,8 @@ class SandboxResult(msgspec.Struct):
     exit_code: int | None
     """The process's exit status; negative: killed by that signal."""
     error: str | None = None
-    """None, "timeout", "cpu_limit", "output_limit", "memory_limit" or "exit_status"."""
+    """None, "timeout", "cpu_limit", "output_limit", "memory_limit", "exit_status" or
+    "abandoned" (the environment call it served passed its deadline)."""
     truncated: bool = False
     """stdout or stderr was longer than max_output_bytes and was cut."""
     isolation: dict[str, str] = {}
@@ -79,6 +80,7 @@ def describe(result: SandboxResult) -> str:
         "output_limit": "[killed: output or file size limit reached]",
         "memory_limit": "[failed: memory limit reached]",
         "exit_status": f"[exit status {result.exit_code}]",
+        "abandoned": "[killed: the step it belonged to passed its deadline]",
     }
     if result.error in messages:
         parts.append(messages[result.error])

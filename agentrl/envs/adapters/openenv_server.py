@@ -19,11 +19,14 @@ and ``/metadata`` are OpenEnv's, and any OpenEnv client drives it. The wire type
   let a policy read it).
 
 The environment's own errors (a step after the end, a constructor that fails) reach the
-client as OpenEnv error replies.
+client as OpenEnv error replies. A WebSocket idle past its timeout is closed (its session
+freed); ``POST /step``, stateless in OpenEnv, is refused with a 400 naming ``/ws``; an
+environment with ``@subagent`` tools is refused at start-up (:func:`unservable`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 from uuid import uuid4
@@ -139,12 +142,71 @@ def _message(role: str, content: str) -> Any:
     return Message(role, content)
 
 
+def unservable(env: Any) -> str | None:
+    """Why ``env`` cannot be served over OpenEnv's wire, or None: a ``@subagent`` tool
+    opens a thread of its own that the one-conversation wire cannot carry (its call would
+    come back empty, with no error)."""
+    if getattr(env, "subagents", None):
+        return (f"it has @subagent tools ({', '.join(sorted(env.subagents))}), whose threads "
+                "OpenEnv's one-conversation wire cannot carry; train it in-process instead")
+    return None
+
+
 def build_app(factory: Callable[[], Any], name: str, max_sessions: int = 64,
-              expose_demonstrations: bool = False) -> Any:
+              expose_demonstrations: bool = False, idle_timeout_s: float = 300.0) -> Any:
     """OpenEnv's FastAPI app serving ``factory()``'s environment, up to ``max_sessions``
-    WebSocket sessions at once (each its own instance)."""
+    WebSocket sessions at once (each its own instance), behind :class:`SessionGuard`."""
     server = require("openenv.core.env_server.http_server", "agentrl serve-env")
-    return server.create_fastapi_app(
+    app = server.create_fastapi_app(
         lambda: ServedAgentEnv(factory, name, expose_demonstrations), AgentAction,
         AgentObservation, max_concurrent_envs=max_sessions, env_name=name.replace("/", "_"),
         state_cls=AgentState)
+    return SessionGuard(app, idle_timeout_s)
+
+
+STATELESS_STEP = (b'{"detail": "POST /step plays one step on a fresh environment that was '
+                  b'never reset; play an episode over the WebSocket route /ws (reset, then '
+                  b'step, in one session)"}')
+
+
+class SessionGuard:
+    """The served app, wrapped: a WebSocket whose client sends nothing for
+    ``idle_timeout_s`` seconds is closed (code 1001), which ends its session and frees its
+    environment, so clients that connect and never send cannot hold every session; and
+    OpenEnv's stateless ``POST /step``, which cannot work for an agentrl environment, is
+    answered 400 pointing at ``/ws`` instead of a 500 and a traceback."""
+
+    def __init__(self, app: Any, idle_timeout_s: float) -> None:
+        """``app``: the ASGI app; ``idle_timeout_s``: seconds (> 0)."""
+        if not idle_timeout_s > 0:
+            raise ValueError(f"idle_timeout_s = {idle_timeout_s!r}; it must be > 0 seconds")
+        self.app = app
+        self.idle_timeout_s = idle_timeout_s
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        """Route one ASGI connection."""
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/step":
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": STATELESS_STEP})
+            return
+        if scope["type"] == "websocket":
+            receive = self._bounded(receive, send)
+        await self.app(scope, receive, send)
+
+    def _bounded(self, receive: Callable, send: Callable) -> Callable:
+        """``receive`` that closes the socket and reports a disconnect once the client has
+        been silent for ``idle_timeout_s``."""
+
+        async def bounded() -> dict:
+            try:
+                return await asyncio.wait_for(receive(), self.idle_timeout_s)
+            except TimeoutError:
+                reason = f"idle for {self.idle_timeout_s:g} s"
+                try:
+                    await send({"type": "websocket.close", "code": 1001, "reason": reason})
+                except Exception:  # noqa: BLE001 - the connection is already gone
+                    pass
+                return {"type": "websocket.disconnect", "code": 1001, "reason": reason}
+
+        return bounded
