@@ -71,7 +71,8 @@ FAILURE_CLASSES: dict[str, str] = {
                      "bad_observation", "bad_info", "engine_refused", "rollout_timeout",
                      "row_too_long", "env_server_error", "env_server_timeout", "env_bad_reply",
                      "grade_raised", "grade_timeout", "harness_raised", "harness_timeout",
-                     "harness_foreign_model", "harness_bad_request", "harness_bad_final"),
+                     "harness_foreign_model", "harness_bad_request", "harness_bad_final",
+                     "harness_bad_answer"),
                     _AMBIGUOUS),
     "harness_budget": _POLICY,
 }
@@ -85,7 +86,8 @@ FAILURE_CLASSES: dict[str, str] = {
 - *ambiguous*, masked and counted (``rollout.ambiguous_failures`` moves them): a step that
   raised, timed out or broke the contract (the action may have caused it), a request the
   engine refused, a rollout timeout, a row too long to pack, a served environment's error
-  or timeout, an agent program or its grader that failed;
+  or timeout, an agent program or its grader that failed, an answer file that is not
+  the program's own regular file (a link, a folder, a FIFO: a buggy or hostile program);
 - *policy*, a trained outcome (reward: the environment's, or
   ``rollout.failure_rewards[kind]``): an agent program past its own budget
   (``harness_budget``). The policy-caused truncations (``max_rollout_tokens``,
