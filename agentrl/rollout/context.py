@@ -29,6 +29,37 @@ class Turn(msgspec.Struct):
     observation: list[dict[str, Any]] = []
 
 
+class TemplateRewrite(ValueError):
+    """The chat template renders this turn's history otherwise than the engine saw it
+    (it trims the reply, drops earlier reasoning, re-formats earlier turns), so the
+    observation cannot be appended as a token delta: the runner starts a new row of the
+    same rollout from the template's own rendering (a compaction with cause
+    ``template``, its ``reason`` one of ``TEMPLATE_REWRITES``)."""
+
+    def __init__(self, turn: Turn, reason: str) -> None:
+        super().__init__(
+            f"the chat template re-renders the conversation ({reason}) instead of appending "
+            f"to it, so the turn {turn.assistant['content'][:40]!r} starts a new row")
+        self.turn = turn
+        self.reason = reason
+
+
+def rewrite_reason(prompt_text: str, closed_text: str, content: str) -> str:
+    """Why a template's rendering of a reply does not extend what came before it:
+    ``trimmed`` (the reply's outer whitespace went), ``reasoning_dropped`` (its
+    ``<think>`` block went) or ``rewritten`` (anything else, earlier turns included)."""
+    if closed_text.startswith(prompt_text):
+        rendered = closed_text[len(prompt_text):]
+        if content.strip() and content != content.strip() and content.strip() in rendered:
+            return "trimmed"
+        if "</think>" in content and content.split("</think>")[-1].strip() in rendered \
+                and "</think>" not in rendered:
+            return "reasoning_dropped"
+    elif "</think>" in prompt_text and "</think>" not in closed_text:
+        return "reasoning_dropped"
+    return "rewritten"
+
+
 class ChatContext:
     """The messages of one conversation and how to render additions as token-id deltas."""
 
@@ -75,7 +106,8 @@ class ChatContext:
         self, generated_ids: list[int], stop_ids: tuple[int, ...], observation: list[Any]
     ) -> tuple[Turn, list[int]]:
         """The turn as messages and the ids its observation adds; the caller records the
-        turn (``turns.append``) or hands it to a compactor."""
+        turn (``turns.append``) or hands it to a compactor. Raises
+        :class:`TemplateRewrite` (carrying the turn) when the template does not append."""
         before = self.messages()
         content = self.assistant_text(generated_ids, stop_ids)
         turn = Turn({"role": "assistant", "content": content}, as_dicts(observation))
@@ -90,12 +122,7 @@ class ChatContext:
             and rendered_turn.startswith(content)
             and full_text.startswith(closed_text)
         ):
-            raise ValueError(
-                "the chat template does not render the conversation as a prefix of its "
-                "continuation (it rewrites earlier turns or the reply "
-                f"{content[:40]!r}), so observations cannot be appended as token deltas; "
-                "use a template that only appends"
-            )
+            raise TemplateRewrite(turn, rewrite_reason(prompt_text, closed_text, content))
         # what the template puts after the reply's content (e.g. "<|im_end|>\n"), then the
         # observation's messages and the next generation prompt
         delta_ids = self.encode(rendered_turn[len(content):] + full_text[len(closed_text):])

@@ -34,7 +34,7 @@ from agentrl.rollout.compact_tool import (
     offered_tools,
 )
 from agentrl.rollout.compaction import Compacted, make_compactor, restart_from_summary
-from agentrl.rollout.context import ChatContext
+from agentrl.rollout.context import ChatContext, TemplateRewrite
 from agentrl.rollout.env_contract import EnvError
 from agentrl.rollout.env_guard import GuardedEnv
 from agentrl.rollout.facts import FactTracker
@@ -192,7 +192,10 @@ class RolloutPlayer:
         """Append the turn and its observation, compacting first when the next context
         would pass the budget; False when the rollout ended."""
         assert self.current is not None
-        turn, delta_ids = context.turn_delta(generated_ids, self.stop_ids, observation)
+        try:
+            turn, delta_ids = context.turn_delta(generated_ids, self.stop_ids, observation)
+        except TemplateRewrite as rewrite:
+            return await self._rerendered(context, compactor, rewrite, generated_ids, params)
         if compactor is None or (
             len(self.current) + len(delta_ids) <= self.compaction.max_context_tokens
         ):
@@ -200,6 +203,26 @@ class RolloutPlayer:
             self.current.add_observation(delta_ids)
             return True
         return await self._compact(compactor, context, turn, generated_ids, params)
+
+    async def _rerendered(self, context: ChatContext, compactor: Any,
+                          rewrite: TemplateRewrite, generated_ids: list[int],
+                          params: SamplingParams) -> bool:
+        """The template renders the history otherwise than the engine saw it: the next
+        row starts from the template's own rendering of the whole conversation (a
+        compaction with cause "template", not counted against max_compactions), or from
+        a compacted one when that would pass the budget. Each row keeps exactly the
+        tokens the engine saw."""
+        context.turns.append(rewrite.turn)
+        prompt_ids = context.prompt_ids()
+        if compactor is not None and len(prompt_ids) > self.compaction.max_context_tokens:
+            context.turns.pop()
+            return await self._compact(compactor, context, rewrite.turn, generated_ids, params)
+        return self._start_segment(Compacted(prompt_ids), "template", rewrite.reason)
+
+    def _num_compactions(self) -> int:
+        """Compactions that count against ``compaction.max_compactions`` (a template's
+        re-rendering is no compaction the budget or the policy asked for)."""
+        return sum(c.cause != "template" for c in self.stats.compactions)
 
     async def _compact_by_tool(self, context: ChatContext, compactor: Any,
                                request: CompactRequest, generated_ids: list[int],
@@ -214,7 +237,7 @@ class RolloutPlayer:
             self.tool_errors["invalid_arguments"] += 1
             error = [{"role": "tool", "name": COMPACT_TOOL, "content": request.error}]
             return await self._observe(context, compactor, generated_ids, error, params)
-        if self.stats.num_compactions >= self.compaction.max_compactions:
+        if self._num_compactions() >= self.compaction.max_compactions:
             self._truncate("max_compactions")
             return False
         assert request.summary is not None
@@ -229,7 +252,7 @@ class RolloutPlayer:
     async def _compact(self, compactor: Any, context: ChatContext, turn: Any,
                        generated_ids: list[int], params: SamplingParams) -> bool:
         """Start a new segment from a compacted context; False ends the rollout (truncated)."""
-        if self.stats.num_compactions >= self.compaction.max_compactions:
+        if self._num_compactions() >= self.compaction.max_compactions:
             self._truncate("max_compactions")
             return False
         assert self.current is not None
