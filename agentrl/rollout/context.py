@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from agentrl.observe.profile import section
+from agentrl.rollout.chat_style import num_calls, structured_turn, style_of
 from agentrl.types import as_dicts
 
 
@@ -27,6 +28,11 @@ class Turn(msgspec.Struct):
 
     assistant: dict[str, Any]
     observation: list[dict[str, Any]] = []
+
+
+class TemplateRenderError(Exception):
+    """The chat template refused the conversation (its ``raise_exception``, or a field
+    it needs): the rollout becomes invalid (``chat_template_raised``), never the run."""
 
 
 class TemplateRewrite(ValueError):
@@ -69,6 +75,8 @@ class ChatContext:
         self.tools = tools or None
         self.head = as_dicts(head)
         self.turns: list[Turn] = []
+        self.style = style_of(tokenizer)
+        """The model's tool-call format and how its template takes calls."""
 
     def messages(self) -> list[dict[str, Any]]:
         """The whole conversation as message dicts."""
@@ -81,9 +89,14 @@ class ChatContext:
     def render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         """The chat template's text for ``messages``."""
         with section("rollout/chat_template"):
-            return self.tokenizer.apply_chat_template(
-                messages, tools=self.tools, add_generation_prompt=generation_prompt
-            )
+            try:
+                return self.tokenizer.apply_chat_template(
+                    messages, tools=self.tools, add_generation_prompt=generation_prompt
+                )
+            except Exception as exc:  # noqa: BLE001 - raise_exception, a missing field, ...
+                raise TemplateRenderError(
+                    f"the chat template cannot render this conversation: "
+                    f"{type(exc).__name__}: {exc}") from exc
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens added around it)."""
@@ -110,7 +123,8 @@ class ChatContext:
         :class:`TemplateRewrite` (carrying the turn) when the template does not append."""
         before = self.messages()
         content = self.assistant_text(generated_ids, stop_ids)
-        turn = Turn({"role": "assistant", "content": content}, as_dicts(observation))
+        turn = Turn(*structured_turn(self.style, content, as_dicts(observation),
+                                     num_calls(before)))
         prompt_text = self.render(before, generation_prompt=True)
         closed_text = self.render([*before, turn.assistant], generation_prompt=False)
         full_text = self.render(

@@ -34,6 +34,7 @@ INVALID_KINDS = (
     "bad_reward", "bad_observation", "bad_info",
     "close_raised", "close_timeout",
     "engine_refused", "engine_unavailable", "rollout_timeout", "row_too_long",
+    "chat_template_raised",
     *REMOTE_KINDS,
     "grade_raised", "grade_timeout",
     "harness_raised", "harness_timeout", "harness_budget", "harness_foreign_model",
@@ -45,7 +46,8 @@ INVALID_KINDS = (
 ``close``; ``bad_*`` for a return value that breaks the contract; ``engine_refused`` (a
 context the inference engine would not take), ``engine_unavailable`` (a replica that
 cannot be reached), ``rollout_timeout``
-(``rollout.rollout_timeout_s``), ``row_too_long`` (a row past the micro-batch budget) and
+(``rollout.rollout_timeout_s``), ``row_too_long`` (a row past the micro-batch budget),
+``chat_template_raised`` (the checkpoint's chat template refused the conversation) and
 the failures of an environment served elsewhere (``env_unreachable``, ``env_server_full``,
 ``env_disconnected``, ``env_server_error``, ``env_server_timeout``, ``env_bad_reply``:
 :mod:`agentrl.envs.adapters.remote`).

@@ -34,7 +34,7 @@ from agentrl.rollout.compact_tool import (
     offered_tools,
 )
 from agentrl.rollout.compaction import Compacted, make_compactor, restart_from_summary
-from agentrl.rollout.context import ChatContext, TemplateRewrite
+from agentrl.rollout.context import ChatContext, TemplateRenderError, TemplateRewrite
 from agentrl.rollout.env_contract import EnvError
 from agentrl.rollout.env_guard import GuardedEnv
 from agentrl.rollout.facts import FactTracker
@@ -88,6 +88,8 @@ class RolloutPlayer:
             await self._loop()
         except EnvError as exc:
             self.fail(exc)
+        except TemplateRenderError as exc:
+            self.fail(EnvError("chat_template_raised", str(exc)))
         return self.result()
 
     def fail(self, failure: EnvError) -> None:
