@@ -7,9 +7,14 @@ context only grows at its end:
 - the model's generated ids are appended exactly as the engine returned them;
 - each observation is the *delta* the template adds for the new messages: the text of
   ``render(history + [assistant] + observation, generation prompt)`` past
-  ``render(history + [assistant])``, preceded by whatever closing text the template puts
-  after the assistant's content (``<|im_end|>\\n`` for ChatML) minus the part the model
-  already emitted (its stop token), so an ``<|im_end|>`` is never added twice.
+  ``render(history, generation prompt)`` and the reply's text: whatever closing text the
+  template puts after the reply (``<|im_end|>\\n`` for ChatML) minus the part the model
+  already emitted (its stop token), so an ``<|im_end|>`` is never added twice, then the
+  observation's messages and the next generation prompt.
+
+A template that renders the history otherwise (it trims the reply, drops reasoning,
+re-formats earlier turns) raises :class:`TemplateRewrite`; the runner starts a new row
+there (docs/models.md).
 """
 
 from __future__ import annotations
@@ -50,18 +55,18 @@ class TemplateRewrite(ValueError):
         self.reason = reason
 
 
-def rewrite_reason(prompt_text: str, closed_text: str, content: str) -> str:
-    """Why a template's rendering of a reply does not extend what came before it:
-    ``trimmed`` (the reply's outer whitespace went), ``reasoning_dropped`` (its
-    ``<think>`` block went) or ``rewritten`` (anything else, earlier turns included)."""
-    if closed_text.startswith(prompt_text):
-        rendered = closed_text[len(prompt_text):]
-        if content.strip() and content != content.strip() and content.strip() in rendered:
+def rewrite_reason(prompt_text: str, full_text: str, content: str) -> str:
+    """Why the template's rendering of the next prompt (``full_text``) does not extend
+    the last prompt plus the reply: ``trimmed`` (the reply's outer whitespace went),
+    ``reasoning_dropped`` (a ``<think>`` block went) or ``rewritten`` (anything else,
+    earlier turns included)."""
+    if full_text.startswith(prompt_text):
+        rendered = full_text[len(prompt_text):]
+        if content != content.strip() and rendered.lstrip().startswith(content.strip()):
             return "trimmed"
-        if "</think>" in content and content.split("</think>")[-1].strip() in rendered \
-                and "</think>" not in rendered:
+        if "</think>" in content and content.split("</think>")[-1].strip() in rendered:
             return "reasoning_dropped"
-    elif "</think>" in prompt_text and "</think>" not in closed_text:
+    elif full_text.count("</think>") < prompt_text.count("</think>"):
         return "reasoning_dropped"
     return "rewritten"
 
@@ -126,20 +131,12 @@ class ChatContext:
         turn = Turn(*structured_turn(self.style, content, as_dicts(observation),
                                      num_calls(before)))
         prompt_text = self.render(before, generation_prompt=True)
-        closed_text = self.render([*before, turn.assistant], generation_prompt=False)
         full_text = self.render(
             [*before, turn.assistant, *turn.observation], generation_prompt=True
         )
-        rendered_turn = closed_text[len(prompt_text):]
-        if not (
-            closed_text.startswith(prompt_text)
-            and rendered_turn.startswith(content)
-            and full_text.startswith(closed_text)
-        ):
-            raise TemplateRewrite(turn, rewrite_reason(prompt_text, closed_text, content))
-        # what the template puts after the reply's content (e.g. "<|im_end|>\n"), then the
-        # observation's messages and the next generation prompt
-        delta_ids = self.encode(rendered_turn[len(content):] + full_text[len(closed_text):])
+        if not full_text.startswith(prompt_text + content):
+            raise TemplateRewrite(turn, rewrite_reason(prompt_text, full_text, content))
+        delta_ids = self.encode(full_text[len(prompt_text) + len(content):])
         if generated_ids and generated_ids[-1] in stop_ids and delta_ids[:1] == [
             generated_ids[-1]
         ]:
