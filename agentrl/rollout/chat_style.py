@@ -49,10 +49,11 @@ def structured_turn(style: ChatStyle, content: str, observation: list[dict[str, 
     assistant: dict[str, Any] = {"role": "assistant", "content": content}
     if not style.structured:
         return assistant, observation
-    calls = [c for c in make_parser(style.tool_format).parse(content)
-             if isinstance(c, ToolCall)]
+    parser = make_parser(style.tool_format)
+    calls = [c for c in parser.parse(content) if isinstance(c, ToolCall)]
     if not calls:
-        return assistant, observation
+        text = getattr(parser, "message_text", None)  # harmony: the final channel's text
+        return ({**assistant, "content": text(content)} if text else assistant), observation
     ids = [call_id(num_calls_before + k) for k in range(len(calls))]
     assistant = {"role": "assistant", "content": "", "tool_calls": [
         {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}

@@ -2,11 +2,11 @@
 
 :func:`prepare_chat` picks the model's tool-call format (``model.tool_format``), then
 plays a scripted tool conversation through the template the way the runner does
-(:class:`~agentrl.rollout.context.ChatContext`): tool calls in that format, a reply with
-``<think>`` reasoning, a reply with a trailing space, a new user message after a tool
-result. Each scripted turn either appends to what came before, or the template re-renders
-(``TEMPLATE_REWRITES``: it trims the reply, drops reasoning, rewrites earlier turns), and
-in a rollout such a turn starts a new row (cause ``template``). A template that refuses
+(:class:`~agentrl.rollout.context.ChatContext`): tool calls in that format, ``<think>``
+reasoning before a call, a new user message after it, a reply with a trailing space.
+Each scripted turn either appends to what came before, or the template re-renders
+(``TEMPLATE_REWRITES``: it trims the reply, drops reasoning, rewrites earlier turns),
+and in a rollout such a turn starts a new row (cause ``template``). A template that refuses
 tool messages given as text (gpt-oss, Mistral) is fed calls as ``tool_calls``. The run
 prints the finding (:meth:`TemplateFinding.describe`) and sets the style on the tokenizer.
 """
@@ -72,12 +72,12 @@ def scripted_turns(tool_format: str) -> list[tuple[str, str, list[dict[str, Any]
     call = parser.format_call("lookup", {"query": "2 + 2"})
     return [
         ("a tool call", call, [{"role": "tool", "name": "lookup", "content": "4"}]),
-        ("a reply with reasoning", "<think>\nThe tool said 4.\n</think>\n\n"
+        ("reasoning before a tool call", "<think>\nThe tool said 4.\n</think>\n\n"
          + parser.format_call("lookup", {"query": "check"}),
          [{"role": "tool", "name": "lookup", "content": "4"}]),
-        ("a reply with a trailing space", "The answer is 4. ",
+        ("a new user message after reasoning", "The answer is 4.",
          [{"role": "user", "content": "And 3 + 3?"}]),
-        ("an answer after a new question", "6", [{"role": "user", "content": "Thanks."}]),
+        ("a reply with a trailing space", "6 ", [{"role": "user", "content": "Thanks."}]),
     ]
 
 

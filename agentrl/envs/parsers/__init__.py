@@ -42,7 +42,7 @@ TOOL_FORMATS = ("auto", *PARSERS)
 """The values of ``model.tool_format``."""
 
 _SIGNS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("harmony", ("<|channel|>", "to=functions.")),
+    ("harmony", ("<|channel|>", "<|call|>")),
     ("deepseek_v3", (CALLS_BEGIN,)),
     ("mistral", (TOOL_CALLS,)),
     ("qwen3_coder", ("<function=", "<parameter=")),

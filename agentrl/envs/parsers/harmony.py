@@ -43,6 +43,17 @@ class HarmonyParser:
             calls.append(named_call(match.group(1), body[:cut]))
         return calls
 
+    def message_text(self, text: str) -> str:
+        """What a reply says to the user: the body of its last ``final`` message (the
+        text without channel markup when it has none), as the template takes it."""
+        for message in reversed(text.split(START)):
+            header, sep, body = message.partition(MESSAGE)
+            if sep and "final" in header:
+                cut = min((i for i in (body.find(e) for e in ENDS) if i != -1),
+                          default=len(body))
+                return body[:cut]
+        return re.sub(r"<\|[a-z]+\|>", "", text)
+
     def format_call(self, name: str, arguments: dict[str, Any]) -> str:
         """The commentary message of one call, closed by ``<|call|>``."""
         return (f"{CHANNEL}commentary to=functions.{name} <|constrain|>json{MESSAGE}"
