@@ -201,6 +201,7 @@ class ToolCallParser(Protocol):
 class HermesParser:
     """Hermes / Qwen format: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
 
+    name = "hermes"
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
 

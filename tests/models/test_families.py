@@ -218,3 +218,23 @@ def test_a_config_of_each_family_plans_collects_and_trains_a_step(checkpoints, t
     assert step["num_trainable_tokens"] > 0
     assert step.get("invalid/chat_template_raised", 0) == 0
     assert step["num_turns/mean"] >= 2  # every rollout was multi-turn
+
+
+def test_training_and_validation_build_environments_in_the_models_format(checkpoints):
+    import pickle
+
+    from agentrl.config import Config, EnvironmentConfig
+    from agentrl.rollout.evaluation import make_eval_env
+    from agentrl.rollout.runner import RolloutRunner
+
+    tokenizer = tokenizer_of(checkpoints, "llama3.1")
+    env_config = EnvironmentConfig(id="tests.models.test_families:AddEnv")
+    config = Config(environments=[env_config])
+    runner = RolloutRunner(config, engine=None, tokenizer=tokenizer, sampler=None)
+    factory = runner._source(env_config).factory
+    assert pickle.loads(pickle.dumps(factory))().parser.name == "llama3_json"  # a worker's
+    assert make_eval_env(env_config, "llama3_json").parser.name == "llama3_json"
+    explicit = EnvironmentConfig(id="tests.models.test_families:AddEnv",
+                                 kwargs={"parser": "hermes"})
+    kept = RolloutRunner(Config(environments=[explicit]), None, tokenizer, None)
+    assert kept._source(explicit).factory().parser.name == "hermes"  # its own parser stays
