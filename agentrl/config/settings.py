@@ -96,6 +96,10 @@ class ModelConfig(_Section):
     model's calls and its ``format_call`` writes ``demonstrate()`` calls, for every
     environment built without its own ``parser``. "auto": read from the checkpoint's chat
     template; the run prints the choice and what the template does to multi-turn rows."""
+    chat_template_kwargs: dict[str, Any] = {}
+    """Extra variables for the chat template, as transformers passes them, e.g.
+    ``{enable_thinking = false}`` for Qwen3's non-thinking mode (docs/models.md says what
+    each does to multi-turn rows). Empty: the template's defaults."""
     lora: LoRAConfig | None = None
     """``[model.lora]``: train low-rank adapters on the frozen base instead of every
     weight (docs/lora.md). None (no section): full fine-tuning."""

@@ -1,5 +1,6 @@
 """How a checkpoint's chat template is fed a tool conversation: which tool-call format
-its model writes, and whether calls go to the template as text or as ``tool_calls``.
+its model writes, whether calls go to the template as text or as ``tool_calls``, and the
+extra variables it is rendered with (``model.chat_template_kwargs``).
 
 Templates that render an assistant's text verbatim (Qwen, Hermes, Llama, DeepSeek) get
 the reply as ``content``. Templates that refuse a tool message without a structured call
@@ -27,6 +28,8 @@ class ChatStyle(msgspec.Struct, frozen=True):
     """A name of ``agentrl.envs.parsers.PARSERS``."""
     structured: bool = False
     """Calls go to the template as ``tool_calls`` (True) or as the reply's text."""
+    template_kwargs: dict[str, Any] = {}
+    """Extra variables every rendering passes (``model.chat_template_kwargs``)."""
 
 
 def style_of(tokenizer: Any) -> ChatStyle:

@@ -202,7 +202,7 @@ class _RolloutSide:
 
         self.config = config
         self.tokenizer = load_tokenizer(model_dir)
-        prepare_chat(self.tokenizer, config.model.tool_format)  # the trainer printed it
+        prepare_chat(self.tokenizer, config.model)  # the trainer printed it
         self.engine = build_engines(config, model_dir, self.tokenizer,
                                     read_args(model_dir).max_position_embeddings,
                                     num_training_gpus=num_training_gpus)

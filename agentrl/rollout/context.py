@@ -19,6 +19,7 @@ there (docs/models.md).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -66,9 +67,14 @@ def rewrite_reason(prompt_text: str, full_text: str, content: str) -> str:
             return "trimmed"
         if "</think>" in content and content.split("</think>")[-1].strip() in rendered:
             return "reasoning_dropped"
-    elif full_text.count("</think>") < prompt_text.count("</think>"):
+    elif _without_reasoning(full_text).startswith(_without_reasoning(prompt_text)):
         return "reasoning_dropped"
     return "rewritten"
+
+
+def _without_reasoning(text: str) -> str:
+    """The text without its ``<think>...</think>`` blocks (empty ones included)."""
+    return re.sub(r"<think>.*?</think>\s*", "", text, flags=re.S)
 
 
 class ChatContext:
@@ -96,8 +102,8 @@ class ChatContext:
         with section("rollout/chat_template"):
             try:
                 return self.tokenizer.apply_chat_template(
-                    messages, tools=self.tools, add_generation_prompt=generation_prompt
-                )
+                    messages, tools=self.tools, add_generation_prompt=generation_prompt,
+                    **self.style.template_kwargs)
             except Exception as exc:  # noqa: BLE001 - raise_exception, a missing field, ...
                 raise TemplateRenderError(
                     f"the chat template cannot render this conversation: "

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from agentrl.config import ModelConfig
 from agentrl.envs.parsers import make_parser, resolve_tool_format
 from agentrl.rollout.chat_style import ChatStyle
 from agentrl.rollout.context import ChatContext, TemplateRenderError, TemplateRewrite
@@ -105,14 +106,17 @@ def check_template(tokenizer: Any, style: ChatStyle, reason: str = "") -> Templa
     return finding
 
 
-def prepare_chat(tokenizer: Any, tool_format: str = "auto") -> TemplateFinding:
-    """Choose the model's tool-call format and how its template takes calls (text, or
-    ``tool_calls`` where text is refused), set that style on the tokenizer, and return
-    what the template does to a tool conversation."""
-    name, reason = resolve_tool_format(tool_format, tokenizer)
-    finding = check_template(tokenizer, ChatStyle(name, structured=False), reason)
+def prepare_chat(tokenizer: Any, model: ModelConfig | None = None) -> TemplateFinding:
+    """Choose the model's tool-call format (``model.tool_format``) and how its template
+    takes calls (text, or ``tool_calls`` where text is refused), set that style (with
+    ``model.chat_template_kwargs``) on the tokenizer, and return what the template does
+    to a tool conversation."""
+    model = model or ModelConfig()
+    name, reason = resolve_tool_format(model.tool_format, tokenizer)
+    extra = dict(model.chat_template_kwargs)
+    finding = check_template(tokenizer, ChatStyle(name, False, extra), reason)
     if finding.error is not None:
-        structured = check_template(tokenizer, ChatStyle(name, structured=True), reason)
+        structured = check_template(tokenizer, ChatStyle(name, True, extra), reason)
         if structured.error is None:
             finding = structured
     tokenizer.chat_style = finding.style

@@ -419,7 +419,7 @@ def check_chat_template(pf: Preflight) -> str:
     (a scripted tool conversation through the template; docs/models.md)."""
     from agentrl.rollout.template_check import prepare_chat
 
-    finding = prepare_chat(pf.tokenizer, pf.config.model.tool_format)
+    finding = prepare_chat(pf.tokenizer, pf.config.model)
     return finding.describe().replace("\n", "; ")
 
 

@@ -326,7 +326,7 @@ def _main_side(config: Config, run_dir: Path, model: Any, model_dir: Path,
     from agentrl.rollout.template_check import prepare_chat
 
     tokenizer = load_tokenizer(model_dir)
-    print(prepare_chat(tokenizer, config.model.tool_format).describe(), flush=True)
+    print(prepare_chat(tokenizer, config.model).describe(), flush=True)
     engine = runner = collector = None
     if config.rollout.max_staleness > 0 and config.rollout.collector == "process":
         from agentrl.rollout.collector_process import ProcessCollector

@@ -238,3 +238,18 @@ def test_training_and_validation_build_environments_in_the_models_format(checkpo
                                  kwargs={"parser": "hermes"})
     kept = RolloutRunner(Config(environments=[explicit]), None, tokenizer, None)
     assert kept._source(explicit).factory().parser.name == "hermes"  # its own parser stays
+
+
+def test_qwen3_without_thinking_starts_a_row_every_turn(checkpoints):
+    """enable_thinking = false puts an empty think block in each generation prompt, and
+    the template leaves it out of the history it re-renders: every turn is a boundary."""
+    from agentrl.config import ModelConfig
+
+    tokenizer = load_tokenizer(checkpoints["qwen3"])
+    finding = prepare_chat(tokenizer, ModelConfig(chat_template_kwargs={"enable_thinking": False}))
+    assert dict(finding.rewrites) == dict.fromkeys(EVERY_TURN, "reasoning_dropped")
+    rollout, engine, _ = play_family(tokenizer)
+    assert rollout.valid and rollout.reward == 1.0
+    assert assert_rows_hold_engine_tokens(rollout.segments, engine.prompts,
+                                          engine.generations) == [1, 1, 1]
+    assert all(tokenizer.decode(p).endswith("<think>\n\n</think>\n\n") for p in engine.prompts)
