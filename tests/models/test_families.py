@@ -90,7 +90,7 @@ class AddEnv(AgentEnv):
         return self.format_call("add", a=2 + calls, b=3) if calls < 2 else "done"
 
 
-def play_family(tokenizer, reasoning: str = ""):
+def play_family(tokenizer, reasoning: str = "", suffix: str = ""):
     """One scripted rollout of AddEnv in the family's format; the env's own demonstrate
     is the policy (its format_call is the model's format)."""
     env = adopt_tool_format(AddEnv(), tokenizer.chat_style.tool_format)
@@ -102,7 +102,7 @@ def play_family(tokenizer, reasoning: str = ""):
         reply = probe.demonstrate(list(probe.history))
         probe.step(reply)
         replies.append(reply)
-        return reasoning + reply
+        return reasoning + reply + suffix
 
     engine = RecordingEngine(ScriptedEngine(tokenizer, policy))
     rollout = asyncio.run(play_rollout(RolloutSpec("r0", "g0", "add", task_seed=0), env,
@@ -253,3 +253,16 @@ def test_qwen3_without_thinking_starts_a_row_every_turn(checkpoints):
     assert assert_rows_hold_engine_tokens(rollout.segments, engine.prompts,
                                           engine.generations) == [1, 1, 1]
     assert all(tokenizer.decode(p).endswith("<think>\n\n</think>\n\n") for p in engine.prompts)
+
+
+def test_llama_replies_the_template_trims_become_boundaries_where_it_trims(checkpoints):
+    tokenizer = tokenizer_of(checkpoints, "llama3.1")
+    rollout, engine, _ = play_family(tokenizer, suffix=" ")
+    assert rollout.valid and rollout.reward == 1.0 and rollout.stats.tool_errors == {}
+    assert [(c.cause, c.strategy, c.segment) for c in rollout.stats.compactions] == [
+        ("template", "trimmed", 0), ("template", "trimmed", 1)]
+    assert assert_rows_hold_engine_tokens(rollout.segments, engine.prompts,
+                                          engine.generations) == [1, 1, 1]
+    second = rollout.segments[1]
+    prompt = tokenizer.decode(second.token_ids[:second.num_prompt_tokens])
+    assert '"b": 3}}<|eot_id|>' in prompt  # the history as the template renders it
