@@ -72,3 +72,9 @@ def structured_turn(style: ChatStyle, content: str, observation: list[dict[str, 
 def num_calls(messages: list[dict[str, Any]]) -> int:
     """Structured calls in a conversation so far (to number the next ones)."""
     return sum(len(m.get("tool_calls") or ()) for m in messages)
+
+
+def stop_ids_of(tokenizer: Any) -> tuple[int, ...]:
+    """The ids that end a model turn: the tokenizer's ``stop_token_ids`` (EOS and the
+    checkpoint's other end-of-turn ids), or its EOS alone."""
+    return tuple(getattr(tokenizer, "stop_token_ids", None) or (tokenizer.eos_token_id,))

@@ -26,6 +26,7 @@ import msgspec
 
 from agentrl.config import CompactionConfig, RolloutConfig
 from agentrl.engines.interface import InferenceEngine, SamplingParams
+from agentrl.rollout.chat_style import stop_ids_of
 from agentrl.rollout.compact_tool import (
     COMPACT_TOOL,
     CompactRequest,
@@ -69,7 +70,7 @@ class RolloutPlayer:
         self.tokenizer = tokenizer
         self.config = rollout
         self.compaction = compaction
-        self.stop_ids: tuple[int, ...] = (tokenizer.eos_token_id,)
+        self.stop_ids: tuple[int, ...] = stop_ids_of(tokenizer)
         self.segments: list[Segment] = []
         self.current: SegmentBuilder | None = None
         self.stats = RolloutStats()

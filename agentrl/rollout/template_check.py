@@ -19,7 +19,7 @@ import msgspec
 
 from agentrl.config import ModelConfig
 from agentrl.envs.parsers import make_parser, resolve_tool_format
-from agentrl.rollout.chat_style import ChatStyle
+from agentrl.rollout.chat_style import ChatStyle, stop_ids_of
 from agentrl.rollout.context import ChatContext, TemplateRenderError, TemplateRewrite
 
 _TOOLS = [{"type": "function", "function": {
@@ -90,7 +90,7 @@ def check_template(tokenizer: Any, style: ChatStyle, reason: str = "") -> Templa
     try:
         context = ChatContext(tokenizer, _TOOLS, _HEAD)
         context.prompt_ids()
-        stop_ids = (tokenizer.eos_token_id,)
+        stop_ids = stop_ids_of(tokenizer)
         for label, reply, observation in scripted_turns(style.tool_format):
             generated = [*tokenizer.encode(reply), tokenizer.eos_token_id]
             try:

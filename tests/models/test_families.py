@@ -266,3 +266,23 @@ def test_llama_replies_the_template_trims_become_boundaries_where_it_trims(check
     second = rollout.segments[1]
     prompt = tokenizer.decode(second.token_ids[:second.num_prompt_tokens])
     assert '"b": 3}}<|eot_id|>' in prompt  # the history as the template renders it
+
+
+def test_a_turn_ends_at_every_end_of_turn_id_of_the_generation_config(checkpoints, tmp_path):
+    """gpt-oss ends a tool call with <|call|>, Llama 3 an ipython call with <|eom_id|>:
+    the checkpoint's generation_config.json lists them beside EOS."""
+    import shutil
+
+    from agentrl.rollout.multi_turn import RolloutPlayer
+
+    folder = shutil.copytree(checkpoints["gpt-oss"], tmp_path / "gpt-oss")
+    tokenizer = load_tokenizer(folder)
+    ids = [tokenizer.token_to_id(t) for t in ("<|return|>", "<|endoftext|>", "<|call|>")]
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps(
+        {**config, "eos_token_id": [ids[1], ids[0], ids[2]]}))
+    tokenizer = load_tokenizer(folder)
+    assert tokenizer.stop_token_ids == tuple(ids)  # EOS first
+    player = RolloutPlayer(RolloutSpec("r", "g", "e", 0), AddEnv(), None, tokenizer,
+                           RolloutConfig(), CompactionConfig())
+    assert player.stop_ids == tuple(ids)
