@@ -56,17 +56,26 @@ def structured_turn(style: ChatStyle, content: str, observation: list[dict[str, 
     calls = [c for c in parser.parse(content) if isinstance(c, ToolCall)]
     if not calls:
         text = getattr(parser, "message_text", None)  # harmony: the final channel's text
-        return ({**assistant, "content": text(content)} if text else assistant), observation
+        return ({**assistant, "content": text(content)} if text else assistant,
+                answer_calls(observation, []))
     ids = [call_id(num_calls_before + k) for k in range(len(calls))]
     assistant = {"role": "assistant", "content": "", "tool_calls": [
         {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
         for i, c in zip(ids, calls, strict=True)]}
+    return assistant, answer_calls(observation, ids)
+
+
+def answer_calls(observation: list[dict[str, Any]], ids: list[str]) -> list[dict[str, Any]]:
+    """Tool messages answering the calls ``ids`` in order carry their ids; a tool message
+    that answers no call (an error for a call that could not be read) goes to the
+    template as a user message, which such templates accept."""
     answered, pending = [], list(ids)
     for message in observation:
-        if message.get("role") == "tool" and pending:
-            message = {**message, "tool_call_id": pending.pop(0)}
+        if message.get("role") == "tool":
+            message = ({**message, "tool_call_id": pending.pop(0)} if pending else
+                       {"role": "user", "content": message.get("content", "")})
         answered.append(message)
-    return assistant, answered
+    return answered
 
 
 def num_calls(messages: list[dict[str, Any]]) -> int:

@@ -286,3 +286,24 @@ def test_a_turn_ends_at_every_end_of_turn_id_of_the_generation_config(checkpoint
     player = RolloutPlayer(RolloutSpec("r", "g", "e", 0), AddEnv(), None, tokenizer,
                            RolloutConfig(), CompactionConfig())
     assert player.stop_ids == tuple(ids)
+
+
+@pytest.mark.parametrize("name", ["mistral", "gpt-oss"])
+def test_a_malformed_call_is_answered_not_refused_by_templates_that_want_call_ids(
+        checkpoints, name):
+    """The error for a call that could not be read answers no call id: it reaches the
+    template as a user message, so the rollout goes on (a trained outcome, not masked)."""
+    from tests.models.tool_call_corpus import CORPUS
+
+    tokenizer = tokenizer_of(checkpoints, name)
+    bad = next(text for text, _, errors in CORPUS[FAMILIES[name].tool_format] if errors)
+    env = adopt_tool_format(AddEnv(), tokenizer.chat_style.tool_format)
+    replies = iter([bad, env.format_call("add", a=2, b=3), env.format_call("add", a=3, b=3),
+                    "done"])
+    engine = RecordingEngine(ScriptedEngine(tokenizer, lambda prompt, params: next(replies)))
+    rollout = asyncio.run(play_rollout(RolloutSpec("r0", "g0", "add", task_seed=0), env,
+                                       engine, tokenizer, RolloutConfig(max_new_tokens=200),
+                                       CompactionConfig()))
+    assert rollout.valid and rollout.reward == 1.0, rollout.stats.error
+    assert sum(rollout.stats.tool_errors.values()) == 1
+    assert_rows_hold_engine_tokens(rollout.segments, engine.prompts, engine.generations)
