@@ -45,6 +45,7 @@ CORPUS: dict[str, list[Case]] = {
          '{"name": "search", "parameters": {"query": "x"}}',
          [("add", {"a": 1, "b": 2}), ("search", {"query": "x"})], []),
         ("The answer is 42.", [], []),
+        ('{"answer": 42}', [], []),
         ('{"name": "add", "parameters": {"a": 1', [], ["malformed_json"]),
     ],
     "mistral": [
