@@ -99,10 +99,17 @@ reward or ``rollout.failure_rewards[reason]``, never masked.
 """
 
 
-COMPACTION_CAUSES = ("tool", "budget", "harness")
+COMPACTION_CAUSES = ("tool", "budget", "harness", "template")
 """Why a compaction happened: the policy called the ``compact`` tool, the next turn's
-context would have passed ``compaction.max_context_tokens``, or an agent program's request
-did not extend its previous one (docs/harnesses.md)."""
+context would have passed ``compaction.max_context_tokens``, an agent program's request
+did not extend its previous one (docs/harnesses.md), or the chat template re-rendered
+earlier turns instead of appending (docs/models.md)."""
+
+
+TEMPLATE_REWRITES = ("trimmed", "reasoning_dropped", "rewritten")
+"""How a chat template's rendering of the conversation differed from the tokens the
+engine saw, starting a new row (cause ``template``): it trimmed the reply's whitespace,
+dropped its ``<think>`` reasoning, or rewrote earlier turns otherwise."""
 
 
 HARNESS_COMPACTION_REASONS = ("rewritten", "dropped_messages", "retry", "tools_changed")
@@ -117,7 +124,8 @@ class Compaction(msgspec.Struct, omit_defaults=True):
     """One of ``COMPACTION_CAUSES``."""
     strategy: str
     """What compacted: "tool" (the policy's own summary), "summarize" or "drop_oldest";
-    for the cause "harness", the reason: ``HARNESS_COMPACTION_REASONS``."""
+    for the cause "harness", the reason: ``HARNESS_COMPACTION_REASONS``; for the cause
+    "template", how the template re-rendered: ``TEMPLATE_REWRITES``."""
     segment: int
     """Index of the segment (row) it ended; the next one starts from the compacted context."""
     summary: str | None = None

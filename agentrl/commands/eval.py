@@ -76,7 +76,9 @@ def _report(engine: Any, tokenizer: Any, config: Any, args: argparse.Namespace) 
     import asyncio
 
     from agentrl.rollout.evaluation import evaluate
+    from agentrl.rollout.template_check import prepare_chat
 
+    prepare_chat(tokenizer, config.model)  # the model's tool-call format
     num_tasks = args.tasks or config.train.eval_tasks_per_env
     accuracy = asyncio.run(evaluate(engine, tokenizer, config, num_tasks, args.temperature))
     for name, value in accuracy.items():

@@ -90,6 +90,16 @@ class ModelConfig(_Section):
     (`python -m bench.train_step --compile --shapes large`, 8 layers, hidden 512, 128
     rows): 1.14x per update and 22% less peak memory at 8,192-token micro-batches, no
     speed-up at 2,048 (11% less memory); the GPU acceptance script prints its figure."""
+    tool_format: Literal["auto", "hermes", "qwen3_coder", "llama3_json", "mistral", "harmony",
+                         "deepseek_v3"] = "auto"
+    """The tool-call format the model writes (docs/models.md): its parser reads the
+    model's calls and its ``format_call`` writes ``demonstrate()`` calls, for every
+    environment built without its own ``parser``. "auto": read from the checkpoint's chat
+    template; the run prints the choice and what the template does to multi-turn rows."""
+    chat_template_kwargs: dict[str, Any] = {}
+    """Extra variables for the chat template, as transformers passes them, e.g.
+    ``{enable_thinking = false}`` for Qwen3's non-thinking mode (docs/models.md says what
+    each does to multi-turn rows). Empty: the template's defaults."""
     lora: LoRAConfig | None = None
     """``[model.lora]``: train low-rank adapters on the frozen base instead of every
     weight (docs/lora.md). None (no section): full fine-tuning."""

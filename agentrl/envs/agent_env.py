@@ -69,6 +69,7 @@ import gymnasium
 import msgspec
 import numpy as np
 
+from agentrl.envs.parsers import make_parser
 from agentrl.envs.spaces import MessageSpace, TextSpace
 from agentrl.envs.subagents import (
     PendingStep,
@@ -79,7 +80,6 @@ from agentrl.envs.subagents import (
 )
 from agentrl.envs.tools import (
     MAX_OUTPUT_CHARS,
-    PARSERS,
     BoundTool,
     ToolCallParser,
     collect_tools,
@@ -143,7 +143,7 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
     all of them. (A subagent's own tools are the ``tools=`` of its ``@subagent``.)"""
 
     def __init__(self, *, max_turns: int | None = None, render_mode: str | None = None,
-                 parser: str | ToolCallParser = "hermes"):
+                 parser: str | ToolCallParser | None = None):
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ValueError(f"render_mode {render_mode!r} is not supported; use None or 'ansi'")
         if max_turns is not None:
@@ -151,7 +151,10 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
                 raise ValueError(f"max_turns is {max_turns}; it must be >= 1")
             self.max_turns = max_turns
         self.render_mode = render_mode
-        self.parser = _make_parser(parser)
+        self.parser = _make_parser(parser or "hermes")
+        self.parser_from_model = parser is None
+        """No parser was named: the run gives this environment the model's tool-call
+        format (``model.tool_format``; see ``agentrl.envs.parsers``)."""
         self.observation_space = MessageSpace()
         self.action_space = TextSpace()
         self.tools = collect_tools(self)
@@ -190,6 +193,11 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         The default returns None: no scripted policy.
         """
         return None
+
+    def format_call(self, name: str, /, **arguments: Any) -> str:
+        """One tool call in the model's own format (this environment's parser), for
+        ``demonstrate``: ``self.format_call("grep", pattern="ERROR")``."""
+        return self.parser.format_call(name, arguments)
 
     def demonstrate_summary(self, messages: list[Message], forced: bool) -> str | None:
         """Optional, beside ``demonstrate``: the summary a correct policy writes now, so
@@ -438,8 +446,4 @@ def has_demonstration(env: Any) -> bool:
 
 
 def _make_parser(parser: str | ToolCallParser) -> ToolCallParser:
-    if not isinstance(parser, str):
-        return parser
-    if parser not in PARSERS:
-        raise ValueError(f"unknown tool-call parser {parser!r}; known: {sorted(PARSERS)}")
-    return PARSERS[parser]()
+    return make_parser(parser) if isinstance(parser, str) else parser

@@ -187,16 +187,22 @@ class ToolCallError(msgspec.Struct, frozen=True):
 
 
 class ToolCallParser(Protocol):
-    """Turns model text into calls; plug another format in by implementing ``parse``."""
+    """Turns model text into calls, and calls into model text; plug another format in by
+    implementing both (``agentrl.envs.parsers`` holds one per model family)."""
 
     def parse(self, text: str) -> list[ToolCall | ToolCallError]:
         """All calls in the text, in order; an empty list means a plain answer."""
+        ...
+
+    def format_call(self, name: str, arguments: dict[str, Any]) -> str:
+        """One call as the model writes it (for scripted ``demonstrate`` policies)."""
         ...
 
 
 class HermesParser:
     """Hermes / Qwen format: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
 
+    name = "hermes"
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
 
@@ -216,6 +222,11 @@ class HermesParser:
             pos = end + len(self.close_tag)
         return results
 
+    def format_call(self, name: str, arguments: dict[str, Any]) -> str:
+        """``<tool_call>``, the JSON call on its own line, ``</tool_call>``."""
+        body = json.dumps({"name": name, "arguments": arguments})
+        return f"{self.open_tag}\n{body}\n{self.close_tag}"
+
 
 def decode_call(body: str) -> ToolCall | ToolCallError:
     """Decode one JSON call object, accepting arguments that were encoded twice."""
@@ -223,12 +234,23 @@ def decode_call(body: str) -> ToolCall | ToolCallError:
         obj = json.loads(body)
     except (ValueError, RecursionError) as exc:
         return ToolCallError("malformed_json", f"the tool call is not valid JSON ({exc})")
+    return call_from_object(obj)
+
+
+def call_from_object(obj: Any) -> ToolCall | ToolCallError:
+    """A call from a decoded JSON object ``{"name": ..., "arguments": {...}}`` (Llama
+    writes ``"parameters"``); anything else is ``malformed_call``."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return ToolCallError(
             "malformed_call", 'a tool call must be an object {"name": ..., "arguments": {...}}'
         )
-    name = obj["name"]
-    arguments = obj.get("arguments", obj.get("parameters", {}))
+    return call_of(obj["name"], obj.get("arguments", obj.get("parameters", {})))
+
+
+def call_of(name: str, arguments: Any) -> ToolCall | ToolCallError:
+    """A call from its name and arguments as written: an object, a JSON text of one
+    (arguments encoded twice, or a format that writes them apart from the name), empty
+    or None for no arguments; anything else is an error of its kind."""
     if isinstance(arguments, str):  # double-encoded: '{"arguments": "{\"x\": 1}"}'
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
@@ -247,12 +269,7 @@ def format_call(name: str, /, **arguments: Any) -> str:
     ``<tool_call>`` + newline + ``{"name": "grep", "arguments": {"pattern": "ERROR"}}``
     + newline + ``</tool_call>``.
     """
-    body = json.dumps({"name": name, "arguments": arguments})
-    return f"{HermesParser.open_tag}\n{body}\n{HermesParser.close_tag}"
-
-
-PARSERS: dict[str, Callable[[], ToolCallParser]] = {"hermes": HermesParser}
-"""Parsers by name, for configs; add another format by adding an entry."""
+    return HermesParser().format_call(name, arguments)
 
 
 # --------------------------------------------------------------------------- execution

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
+import msgspec
 import torch
 from tokenizers import (
     AddedToken,
@@ -42,6 +43,31 @@ TINY_MAX_POSITIONS = 4096
 """max_position_embeddings of the tiny built-in checkpoints (the default of
 ``build_tiny_checkpoint``)."""
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS) + len(TOOL_TOKENS) + 1  # bytes + added + one merge
+
+
+class TokenizerLayout(msgspec.Struct, frozen=True):
+    """A model family's tokenizer conventions for a tiny checkpoint: its special tokens
+    (control tokens, skipped by ``skip_special_tokens``), its added ones (markup that
+    survives it), which are BOS / EOS / PAD, and its chat template. The default is
+    Qwen2.5's with the named template of ``CHAT_TEMPLATES``."""
+
+    chat_template: str = "qwen2.5"
+    """A name of ``CHAT_TEMPLATES``, or a Jinja template's text."""
+    special_tokens: tuple[str, ...] = SPECIAL_TOKENS
+    added_tokens: tuple[str, ...] = TOOL_TOKENS
+    eos_token: str = "<|im_end|>"
+    pad_token: str = "<|endoftext|>"
+    bos_token: str | None = None
+    """Written into tokenizer_config.json (templates render it); None: no BOS."""
+
+    def template_text(self) -> str:
+        """The chat template's Jinja text."""
+        if self.chat_template in CHAT_TEMPLATES:
+            return CHAT_TEMPLATES[self.chat_template]
+        if "{" not in self.chat_template:
+            raise ValueError(f"chat template {self.chat_template!r}: choose one of "
+                             f"{sorted(CHAT_TEMPLATES)} or give a template's text")
+        return self.chat_template
 
 WORDS = (
     "the a an and or not is are was be to of in on at for with from by it this that you "
@@ -72,16 +98,18 @@ def default_corpus(seed: int = 0, num_lines: int = 600) -> list[str]:
     return lines
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int) -> Tokenizer:
+def build_tokenizer(corpus: Iterable[str], vocab_size: int,
+                    layout: TokenizerLayout | None = None) -> Tokenizer:
     """A byte-level BPE trained on corpus; vocab_size counts the added tokens too.
 
-    Special tokens (<|endoftext|>, <|im_start|>, <|im_end|>) and the tool markup tokens
-    (added, not special: they survive skip_special_tokens) take the last ids.
+    The layout's special tokens (Qwen's: <|endoftext|>, <|im_start|>, <|im_end|>) and its
+    added markup tokens (not special: they survive skip_special_tokens) take the last ids.
     """
-    if vocab_size < MIN_VOCAB:
-        raise ValueError(
-            f"vocab_size {vocab_size} is too small; a byte-level BPE needs >= {MIN_VOCAB}"
-        )
+    layout = layout or TokenizerLayout()
+    num_added = len(layout.special_tokens) + len(layout.added_tokens)
+    if vocab_size < 256 + num_added + 1:
+        raise ValueError(f"vocab_size {vocab_size} is too small; a byte-level BPE with "
+                         f"{num_added} added tokens needs >= {256 + num_added + 1}")
     tok = Tokenizer(models.BPE())
     # Qwen2's pipeline exactly: transformers' Qwen2Tokenizer rebuilds it from the vocab, so
     # any other pipeline would tokenize differently there (and in vLLM) than here.
@@ -93,43 +121,43 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int) -> Tokenizer:
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    num_added = len(SPECIAL_TOKENS) + len(TOOL_TOKENS)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - num_added,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(list(corpus), trainer=trainer)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in layout.special_tokens])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in layout.added_tokens])
     return tok
 
 
-def tokenizer_config(tok: Tokenizer, max_length: int, chat_template: str = "qwen2.5") -> dict:
-    """tokenizer_config.json for a tiny tokenizer: Qwen2.5's conventions (eos = <|im_end|>),
-    with the named template of ``CHAT_TEMPLATES``."""
-    if chat_template not in CHAT_TEMPLATES:
-        raise ValueError(f"chat template {chat_template!r}: choose one of "
-                         f"{sorted(CHAT_TEMPLATES)}")
+def tokenizer_config(tok: Tokenizer, max_length: int, chat_template: str = "qwen2.5",
+                     layout: TokenizerLayout | None = None) -> dict:
+    """tokenizer_config.json for a tiny tokenizer: the layout's conventions (default
+    Qwen2.5's: eos = <|im_end|>, with the named template of ``CHAT_TEMPLATES``)."""
+    layout = layout or TokenizerLayout(chat_template)
+    template = layout.template_text()
     decoder = {}
-    for token in (*SPECIAL_TOKENS, *TOOL_TOKENS):
+    for token in (*layout.special_tokens, *layout.added_tokens):
         decoder[str(tok.token_to_id(token))] = {
             "content": token,
             "lstrip": False,
             "normalized": False,
             "rstrip": False,
             "single_word": False,
-            "special": token in SPECIAL_TOKENS,
+            "special": token in layout.special_tokens,
         }
     return {
         "add_bos_token": False,
         "add_prefix_space": False,
         "added_tokens_decoder": decoder,
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
+        "bos_token": layout.bos_token,
+        "eos_token": layout.eos_token,
+        "pad_token": layout.pad_token,
         "unk_token": None,
-        "chat_template": CHAT_TEMPLATES[chat_template],
+        "chat_template": template,
         "clean_up_tokenization_spaces": False,
         "model_max_length": max_length,
         "split_special_tokens": False,
@@ -138,13 +166,15 @@ def tokenizer_config(tok: Tokenizer, max_length: int, chat_template: str = "qwen
 
 
 def tiny_tokenizer(seed: int = 0, vocab_size: int = 512, corpus: Iterable[str] | None = None,
-                   max_position_embeddings: int = 4096,
-                   chat_template: str = "qwen2.5") -> ChatTokenizer:
+                   max_position_embeddings: int = 4096, chat_template: str = "qwen2.5",
+                   layout: TokenizerLayout | None = None) -> ChatTokenizer:
     """The tokenizer (with its chat template) that ``build_tiny_checkpoint`` writes for the
     same arguments, without writing anything: what ``agentrl plan`` measures prompts with
     when ``model.path`` is empty."""
-    raw = build_tokenizer(corpus if corpus is not None else default_corpus(seed), vocab_size)
-    return ChatTokenizer(raw, tokenizer_config(raw, max_position_embeddings, chat_template))
+    layout = layout or TokenizerLayout(chat_template)
+    raw = build_tokenizer(corpus if corpus is not None else default_corpus(seed), vocab_size,
+                          layout)
+    return ChatTokenizer(raw, tokenizer_config(raw, max_position_embeddings, layout=layout))
 
 
 def build_tiny_checkpoint(
@@ -161,9 +191,11 @@ def build_tiny_checkpoint(
     tie_word_embeddings: bool = True,
     max_position_embeddings: int = TINY_MAX_POSITIONS,
     chat_template: str = "qwen2.5",
+    layout: TokenizerLayout | None = None,
 ) -> Path:
     """Write a randomly initialised HF checkpoint folder; deterministic given the arguments
-    (``chat_template``: a name of ``agentrl.model.chat_template.CHAT_TEMPLATES``)."""
+    (``chat_template``: a name of ``agentrl.model.chat_template.CHAT_TEMPLATES``;
+    ``layout``: another family's tokens and template instead)."""
     if hidden_size % num_heads or num_heads % num_kv_heads:
         raise ValueError(
             f"hidden_size {hidden_size} must divide by num_heads {num_heads}, and num_heads "
@@ -171,7 +203,8 @@ def build_tiny_checkpoint(
         )
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = tiny_tokenizer(seed, vocab_size, corpus, max_position_embeddings, chat_template)
+    layout = layout or TokenizerLayout(chat_template)
+    tokenizer = tiny_tokenizer(seed, vocab_size, corpus, max_position_embeddings, layout=layout)
     tok = tokenizer.raw
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer.config, indent=2))
@@ -189,8 +222,8 @@ def build_tiny_checkpoint(
         tie_word_embeddings=tie_word_embeddings,
         attention_bias=family == "qwen2",
         qk_norm=family == "qwen3",
-        bos_token_id=tok.token_to_id("<|endoftext|>"),
-        eos_token_id=tok.token_to_id("<|im_end|>"),
+        bos_token_id=tok.token_to_id(layout.bos_token or layout.pad_token),
+        eos_token_id=tok.token_to_id(layout.eos_token),
         max_position_embeddings=max_position_embeddings,
     )
     save_pretrained(init_model(args, seed).to(dtype), path)

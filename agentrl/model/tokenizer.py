@@ -43,6 +43,10 @@ class Tokenizer:
         self.bos_token_id = self._id_of(self.special_tokens["bos_token"])
         self._encoded: dict[str, tuple[int, ...]] = {}
         """Recent texts and their ids (``encode``)."""
+        self.stop_token_ids: tuple[int, ...] = (
+            () if self.eos_token_id is None else (self.eos_token_id,))
+        """Ids that end a turn: EOS, then the other end-of-turn ids of the checkpoint's
+        generation_config.json (Llama 3's <|eom_id|>, gpt-oss's <|call|>)."""
 
     @property
     def vocab_size(self) -> int:
@@ -118,7 +122,17 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     template_file = path / "chat_template.jinja"
     if "chat_template" not in config and template_file.is_file():
         config["chat_template"] = template_file.read_text()
-    return Tokenizer(RawTokenizer.from_file(str(file)), config)
+    tokenizer = Tokenizer(RawTokenizer.from_file(str(file)), config)
+    tokenizer.stop_token_ids = _stop_ids(tokenizer, path / "generation_config.json")
+    return tokenizer
+
+
+def _stop_ids(tokenizer: Tokenizer, file: Path) -> tuple[int, ...]:
+    """EOS first, then the generation config's other ``eos_token_id`` values."""
+    extra: Any = json.loads(file.read_text()).get("eos_token_id") if file.is_file() else None
+    extra = extra if isinstance(extra, list) else [extra]
+    ids = [*tokenizer.stop_token_ids, *(i for i in extra if isinstance(i, int))]
+    return tuple(dict.fromkeys(ids))
 
 
 def _token_text(value: Any) -> str | None:

@@ -5,6 +5,8 @@ Logged per step overall and per environment (``env/<name>/compaction/...``):
 
 - ``compaction/by_tool/mean``, ``compaction/by_budget/mean``: compactions per rollout that
   the policy called (``compact`` tool) and that the budget forced;
+- ``compaction/by_template/mean``: rows started because the chat template re-rendered
+  earlier turns (docs/models.md; only when there are such);
 - ``compaction/compacted_share``: share of rollouts that compacted at least once;
 - ``compaction/summary_tokens/mean``: generated tokens per summary (compactions with one);
 - ``compaction/fact_survival``: of the environment's needed facts revealed before each
@@ -31,6 +33,9 @@ def compaction_figures(rollouts: Sequence[Rollout], prefix: str = "") -> dict[st
         f"{prefix}compaction/compacted_share": sum(
             r.stats.num_compactions > 0 for r in rollouts) / n,
     }
+    by_template = sum(c.cause == "template" for c in records)
+    if by_template:
+        out[f"{prefix}compaction/by_template/mean"] = by_template / n
     summaries = [c.summary_tokens for c in records if c.summary is not None]
     if summaries:
         out[f"{prefix}compaction/summary_tokens/mean"] = sum(summaries) / len(summaries)

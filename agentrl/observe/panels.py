@@ -43,6 +43,7 @@ METRIC_PANELS = (
     ("compactions per rollout", "num_compactions/mean"),
     ("compactions by the policy's tool per rollout", "compaction/by_tool/mean"),
     ("compactions forced by the budget per rollout", "compaction/by_budget/mean"),
+    ("rows started by the chat template per rollout", "compaction/by_template/mean"),
     ("share of rollouts that compacted", "compaction/compacted_share"),
     ("needed facts kept by compaction (share)", "compaction/fact_survival"),
     ("tokens per summary", "compaction/summary_tokens/mean"),

@@ -198,9 +198,11 @@ class _RolloutSide:
         from agentrl.engines.build import build_engines
         from agentrl.model import load_tokenizer, read_args
         from agentrl.rollout.build import build_collector, build_runner, build_sampler
+        from agentrl.rollout.template_check import prepare_chat
 
         self.config = config
         self.tokenizer = load_tokenizer(model_dir)
+        prepare_chat(self.tokenizer, config.model)  # the trainer printed it
         self.engine = build_engines(config, model_dir, self.tokenizer,
                                     read_args(model_dir).max_position_embeddings,
                                     num_training_gpus=num_training_gpus)

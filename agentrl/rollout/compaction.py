@@ -17,7 +17,9 @@ The strategies for a budget overflow, chosen once from ``CompactionConfig.strate
   the summary and the last ``keep_last_turns`` turns (the newest with its tool result).
 
 Either way the new segment's prompt is the compacted conversation rendered by the chat
-template and encoded: exactly the ids the engine receives next.
+template and encoded: exactly the ids the engine receives next. Where the chat template
+cannot append the summary request to the overflowing row (it re-renders that turn), the
+summary cannot be asked in that row and the rollout ends truncated (``context_budget``).
 
 The newest turn (the reply that overflowed and the tool result it got) is never dropped,
 whatever ``keep_last_turns`` says: it is what the policy must act on next (a lookup's
@@ -33,7 +35,7 @@ import msgspec
 
 from agentrl.config import CompactionConfig
 from agentrl.engines.interface import InferenceEngine, SamplingParams
-from agentrl.rollout.context import ChatContext, Turn
+from agentrl.rollout.context import ChatContext, TemplateRewrite, Turn
 from agentrl.rollout.segment_builder import SegmentBuilder
 from agentrl.staleness import generation_versions
 
@@ -192,7 +194,10 @@ class Summarize:
         # asked before the overflowing turn's observation (the turn is kept after the
         # compaction anyway): the request then fits the engine whatever that observation
         request = {"role": "user", "content": SUMMARY_REQUEST}
-        _, ask_ids = context.turn_delta(generated_ids, self.stop_ids, [request])
+        try:
+            _, ask_ids = context.turn_delta(generated_ids, self.stop_ids, [request])
+        except TemplateRewrite:  # the ask cannot extend the row the engine saw
+            return None
         segment.add_observation(ask_ids)
         summary_params = SamplingParams(
             temperature=params.temperature, top_p=params.top_p,

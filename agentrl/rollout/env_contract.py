@@ -35,6 +35,7 @@ INVALID_KINDS = (
     "close_raised", "close_timeout",
     "engine_refused", "engine_unavailable", "rollout_timeout", "row_too_long",
     "worker_died",
+    "chat_template_raised",
     *REMOTE_KINDS,
     "grade_raised", "grade_timeout",
     "harness_raised", "harness_timeout", "harness_budget", "harness_foreign_model",
@@ -48,7 +49,8 @@ context the inference engine would not take), ``engine_unavailable`` (a replica 
 cannot be reached), ``rollout_timeout``
 (``rollout.rollout_timeout_s``), ``row_too_long`` (a row past the micro-batch budget),
 ``worker_died`` (the worker process of an ``isolation = "process"`` environment exited
-during a call) and the failures of an environment served elsewhere (``env_unreachable``,
+during a call), ``chat_template_raised`` (the checkpoint's chat template refused the
+conversation) and the failures of an environment served elsewhere (``env_unreachable``,
 ``env_server_full``, ``env_disconnected``, ``env_server_error``, ``env_server_timeout``,
 ``env_bad_reply``: :mod:`agentrl.envs.adapters.remote`).
 Agent programs behind the endpoint (docs/harnesses.md): ``harness_raised`` (it crashed or
@@ -72,7 +74,7 @@ FAILURE_CLASSES: dict[str, str] = {
                      "row_too_long", "env_server_error", "env_server_timeout", "env_bad_reply",
                      "grade_raised", "grade_timeout", "harness_raised", "harness_timeout",
                      "harness_foreign_model", "harness_bad_request", "harness_bad_final",
-                     "harness_bad_answer"),
+                     "harness_bad_answer", "chat_template_raised"),
                     _AMBIGUOUS),
     "harness_budget": _POLICY,
 }
@@ -87,7 +89,8 @@ FAILURE_CLASSES: dict[str, str] = {
   raised, timed out or broke the contract (the action may have caused it), a request the
   engine refused, a rollout timeout, a row too long to pack, a served environment's error
   or timeout, an agent program or its grader that failed, an answer file that is not
-  the program's own regular file (a link, a folder, a FIFO: a buggy or hostile program);
+  the program's own regular file (a link, a folder, a FIFO: a buggy or hostile program), a
+  chat template that refused the conversation the policy's replies made;
 - *policy*, a trained outcome (reward: the environment's, or
   ``rollout.failure_rewards[kind]``): an agent program past its own budget
   (``harness_budget``). The policy-caused truncations (``max_rollout_tokens``,

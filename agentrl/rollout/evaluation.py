@@ -77,10 +77,12 @@ async def eval_rollouts(
     engine: Any, tokenizer: Any, config: Config, num_tasks: int, temperature: float = 0.0
 ) -> list[Rollout]:
     """One rollout per held-out task of every environment (greedy by default)."""
+    from agentrl.rollout.chat_style import style_of
     from agentrl.rollout.episode import EnvSource, isolation_of, play_episode
     from agentrl.rollout.multi_turn import RolloutSpec
 
     rollout_cfg = msgspec.structs.replace(config.rollout, temperature=temperature)
+    tool_format = style_of(tokenizer).tool_format
     limit = asyncio.Semaphore(config.rollout.max_concurrent_rollouts)
     endpoint = None
     if any(env.harness is not None for env in config.environments):
@@ -94,7 +96,7 @@ async def eval_rollouts(
         name = env_config.display_name()
         spec = RolloutSpec(rollout_id=f"eval-{name}-{index}", group_id=f"eval-{name}-{index}",
                            env=name, task_seed=index, sampling_seed=index)
-        source = EnvSource(name, functools.partial(make_eval_env, env_config),
+        source = EnvSource(name, functools.partial(make_eval_env, env_config, tool_format),
                            isolation_of(env_config.id), env_config.harness)
         async with limit:  # a failing environment gives an invalid (wrong) rollout
             return await play_episode(spec, source, engine, tokenizer, rollout_cfg,
@@ -116,7 +118,9 @@ def make_env(env_config: EnvironmentConfig) -> Any:
     return make(env_config.id, **env_config.kwargs)
 
 
-def make_eval_env(env_config: EnvironmentConfig) -> EvalSplit:
-    """An instance whose ``reset`` draws held-out tasks (top-level: it pickles, for
-    environments that run in a worker process)."""
-    return EvalSplit(make_env(env_config))
+def make_eval_env(env_config: EnvironmentConfig, tool_format: str = "hermes") -> EvalSplit:
+    """An instance whose ``reset`` draws held-out tasks, speaking the model's tool-call
+    format (top-level: it pickles, for environments that run in a worker process)."""
+    from agentrl.envs.parsers import adopt_tool_format
+
+    return EvalSplit(adopt_tool_format(make_env(env_config), tool_format))

@@ -27,6 +27,7 @@ from agentrl.engines.auth import is_loopback
 from agentrl.engines.chat_api import ChatRequest
 from agentrl.engines.chat_server import ChatServer, start_chat_server
 from agentrl.engines.interface import SamplingParams
+from agentrl.rollout.chat_style import stop_ids_of
 from agentrl.rollout.harness_session import HarnessSession, SessionLimits
 from agentrl.rollout.metering import MeteredEngine
 from agentrl.staleness import generation_versions
@@ -105,7 +106,7 @@ class HarnessEndpoint:
         rollout = self.rollout
         limits = SessionLimits(max_requests or rollout.max_turns, rollout.max_new_tokens,
                                rollout.max_rollout_tokens)
-        stop_ids = (self.tokenizer.eos_token_id,)
+        stop_ids = stop_ids_of(self.tokenizer)
 
         def sampling(index: int, request: ChatRequest, max_tokens: int) -> SamplingParams:
             seed = None if sampling_seed is None else sampling_seed + index * 1_000_003
@@ -157,7 +158,7 @@ def serving_sessions(engine: Any, tokenizer: Any, rollout: RolloutConfig
     """Sessions opened on first use, for `agentrl serve` (no training): any id is a
     session, the request's temperature, top_p and seed are honoured (defaults: the
     config's), the config's per-request and per-session token budgets apply."""
-    stop_ids = (tokenizer.eos_token_id,)
+    stop_ids = stop_ids_of(tokenizer)
 
     def sampling(index: int, request: ChatRequest, max_tokens: int) -> SamplingParams:
         return SamplingParams(

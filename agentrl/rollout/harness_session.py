@@ -33,6 +33,7 @@ import msgspec
 
 from agentrl.engines.chat_api import ChatError, ChatRequest, reply_key
 from agentrl.engines.interface import Generation, SamplingParams
+from agentrl.rollout.chat_style import stop_ids_of
 from agentrl.rollout.context import ChatContext
 from agentrl.rollout.segment_builder import SegmentBuilder
 from agentrl.types import MAIN_THREAD, Segment, Spend, Thread
@@ -133,7 +134,7 @@ class HarnessSession:
         self.limits = limits
         self.sampling = sampling
         self.versions = versions
-        self.stop_ids: tuple[int, ...] = (tokenizer.eos_token_id,)
+        self.stop_ids: tuple[int, ...] = stop_ids_of(tokenizer)
         self.threads: list[ThreadState] = []
         self.replies: dict[str, Reply] = {}
         self.num_requests = 0

@@ -26,6 +26,7 @@ import msgspec
 
 from agentrl.config import CompactionConfig, RolloutConfig
 from agentrl.engines.interface import InferenceEngine, SamplingParams
+from agentrl.rollout.chat_style import stop_ids_of
 from agentrl.rollout.compact_tool import (
     COMPACT_TOOL,
     CompactRequest,
@@ -34,7 +35,7 @@ from agentrl.rollout.compact_tool import (
     offered_tools,
 )
 from agentrl.rollout.compaction import Compacted, make_compactor, restart_from_summary
-from agentrl.rollout.context import ChatContext
+from agentrl.rollout.context import ChatContext, TemplateRenderError, TemplateRewrite
 from agentrl.rollout.env_contract import EnvError
 from agentrl.rollout.env_guard import GuardedEnv
 from agentrl.rollout.facts import FactTracker
@@ -69,7 +70,7 @@ class RolloutPlayer:
         self.tokenizer = tokenizer
         self.config = rollout
         self.compaction = compaction
-        self.stop_ids: tuple[int, ...] = (tokenizer.eos_token_id,)
+        self.stop_ids: tuple[int, ...] = stop_ids_of(tokenizer)
         self.segments: list[Segment] = []
         self.current: SegmentBuilder | None = None
         self.stats = RolloutStats()
@@ -88,6 +89,8 @@ class RolloutPlayer:
             await self._loop()
         except EnvError as exc:
             self.fail(exc)
+        except TemplateRenderError as exc:
+            self.fail(EnvError("chat_template_raised", str(exc)))
         return self.result()
 
     def fail(self, failure: EnvError) -> None:
@@ -198,7 +201,10 @@ class RolloutPlayer:
         """Append the turn and its observation, compacting first when the next context
         would pass the budget; False when the rollout ended."""
         assert self.current is not None
-        turn, delta_ids = context.turn_delta(generated_ids, self.stop_ids, observation)
+        try:
+            turn, delta_ids = context.turn_delta(generated_ids, self.stop_ids, observation)
+        except TemplateRewrite as rewrite:
+            return await self._rerendered(context, compactor, rewrite, generated_ids, params)
         if compactor is None or (
             len(self.current) + len(delta_ids) <= self.compaction.max_context_tokens
         ):
@@ -208,6 +214,26 @@ class RolloutPlayer:
         if not self._turn_follows():  # nothing would read a compacted context (or summary)
             return True
         return await self._compact(compactor, context, turn, generated_ids, params)
+
+    async def _rerendered(self, context: ChatContext, compactor: Any,
+                          rewrite: TemplateRewrite, generated_ids: list[int],
+                          params: SamplingParams) -> bool:
+        """The template renders the history otherwise than the engine saw it: the next
+        row starts from the template's own rendering of the whole conversation (a
+        compaction with cause "template", not counted against max_compactions), or from
+        a compacted one when that would pass the budget. Each row keeps exactly the
+        tokens the engine saw."""
+        context.turns.append(rewrite.turn)
+        prompt_ids = context.prompt_ids()
+        if compactor is not None and len(prompt_ids) > self.compaction.max_context_tokens:
+            context.turns.pop()
+            return await self._compact(compactor, context, rewrite.turn, generated_ids, params)
+        return self._start_segment(Compacted(prompt_ids), "template", rewrite.reason)
+
+    def _num_compactions(self) -> int:
+        """Compactions that count against ``compaction.max_compactions`` (a template's
+        re-rendering is no compaction the budget or the policy asked for)."""
+        return sum(c.cause != "template" for c in self.stats.compactions)
 
     async def _compact_by_tool(self, context: ChatContext, compactor: Any,
                                request: CompactRequest, generated_ids: list[int],
@@ -222,7 +248,7 @@ class RolloutPlayer:
             self.tool_errors["invalid_arguments"] += 1
             error = [{"role": "tool", "name": COMPACT_TOOL, "content": request.error}]
             return await self._observe(context, compactor, generated_ids, error, params)
-        if self.stats.num_compactions >= self.compaction.max_compactions:
+        if self._num_compactions() >= self.compaction.max_compactions:
             self._truncate("max_compactions")
             return False
         assert request.summary is not None
@@ -237,7 +263,7 @@ class RolloutPlayer:
     async def _compact(self, compactor: Any, context: ChatContext, turn: Any,
                        generated_ids: list[int], params: SamplingParams) -> bool:
         """Start a new segment from a compacted context; False ends the rollout (truncated)."""
-        if self.stats.num_compactions >= self.compaction.max_compactions:
+        if self._num_compactions() >= self.compaction.max_compactions:
             self._truncate("max_compactions")
             return False
         assert self.current is not None

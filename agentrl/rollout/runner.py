@@ -39,6 +39,7 @@ from agentrl.config import Config, EnvironmentConfig
 from agentrl.engines.interface import InferenceEngine
 from agentrl.observe.costs import PlayedCosts
 from agentrl.observe.metrics import drop_reason
+from agentrl.rollout.chat_style import style_of
 from agentrl.rollout.env_contract import EnvError
 from agentrl.rollout.episode import EnvSource, isolation_of, play_episode
 from agentrl.rollout.failures import MASKED, RETRY, FailureRules, retry_id
@@ -92,6 +93,15 @@ def _default_make_env(env_config: EnvironmentConfig) -> Any:
     return make(env_config.id, **env_config.kwargs)
 
 
+def _in_model_format(make_env: Callable[[EnvironmentConfig], Any],
+                     env_config: EnvironmentConfig, tool_format: str) -> Any:
+    """Build an environment that speaks the model's tool-call format (an ``AgentEnv``
+    without a parser of its own adopts it; see ``agentrl.envs.parsers``)."""
+    from agentrl.envs.parsers import adopt_tool_format
+
+    return adopt_tool_format(make_env(env_config), tool_format)
+
+
 class RolloutRunner:
     """Collects the rollouts of one step from the configured environments."""
 
@@ -105,6 +115,8 @@ class RolloutRunner:
         self.tokenizer = tokenizer
         self.sampler = sampler
         self.make_env = make_env
+        self.tool_format = style_of(tokenizer).tool_format
+        """The model's tool-call format (``prepare_chat`` set it on the tokenizer)."""
         self.envs = {e.display_name(): e for e in config.environments}
         self._limits: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         """rollout.max_concurrent_rollouts, one semaphore per event loop: a semaphore that
@@ -188,7 +200,8 @@ class RolloutRunner:
         """How to build this environment: the default factory resolves the class's
         ``isolation``; a custom ``make_env`` runs in this process."""
         name = env_config.display_name()
-        factory = functools.partial(self.make_env, env_config)
+        factory = functools.partial(_in_model_format, self.make_env, env_config,
+                                    self.tool_format)
         if self.make_env is not _default_make_env:
             return EnvSource(name, factory, harness=env_config.harness)
         isolation = "process" if name in self._in_process else isolation_of(env_config.id)

@@ -428,7 +428,17 @@ def check_harnesses(pf: Preflight) -> str:
     return "harnesses: " + ("; ".join(lines) if lines else "none")
 
 
-CHECKS: list[Check] = [check_environments, check_harnesses, check_model, check_positions,
+def check_chat_template(pf: Preflight) -> str:
+    """The model's tool-call format and what its chat template does to multi-turn rows
+    (a scripted tool conversation through the template; docs/models.md)."""
+    from agentrl.rollout.template_check import prepare_chat
+
+    finding = prepare_chat(pf.tokenizer, pf.config.model)
+    return finding.describe().replace("\n", "; ")
+
+
+CHECKS: list[Check] = [check_environments, check_harnesses, check_model, check_chat_template,
+                       check_positions,
                        check_micro_batch_budget, check_context_budget, check_compact_tool,
                        check_threads, check_trackers, check_lora]
 """The plan-time checks, in order."""

@@ -323,8 +323,10 @@ def _main_side(config: Config, run_dir: Path, model: Any, model_dir: Path,
     """Rank 0's part of a run, as ``Run`` fields: the tokenizer, the engine replicas, the
     runner, the asynchronous collector (rollout.max_staleness >= 1) and the writers."""
     from agentrl.model import load_tokenizer
+    from agentrl.rollout.template_check import prepare_chat
 
     tokenizer = load_tokenizer(model_dir)
+    print(prepare_chat(tokenizer, config.model).describe(), flush=True)
     engine = runner = collector = None
     if config.rollout.max_staleness > 0 and config.rollout.collector == "process":
         from agentrl.rollout.collector_process import ProcessCollector

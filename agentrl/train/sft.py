@@ -26,6 +26,7 @@ from agentrl.envs.demonstrations import Policy, Trajectory, demonstration_polici
 from agentrl.packing import collate, pack
 from agentrl.reassembler import to_rows
 from agentrl.rollout.demonstrations import play_demonstrations
+from agentrl.rollout.template_check import prepare_chat
 from agentrl.types import Rollout, Row
 
 # --------------------------------------------------------------------------- training
@@ -221,6 +222,7 @@ def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str |
             seed=ws.seed, chat_template=ws.chat_template)
         model = load_pretrained(source)
         tokenizer = load_tokenizer(source)
+        prepare_chat(tokenizer, config.model)  # demonstrations in the model's tool format
         if ws.copy_steps:
             from agentrl.train.copy_pretrain import copy_pretrain
 

@@ -157,7 +157,8 @@ def build_record(
     )
 
 
-CAUSES = {"tool": "the policy's compact call", "budget": "the context budget"}
+CAUSES = {"tool": "the policy's compact call", "budget": "the context budget",
+          "template": "the chat template's re-rendering"}
 
 
 def compaction_note(row: int, compaction: Compaction) -> str:
