@@ -149,7 +149,7 @@ def train_step(run: Run, step: int,
     with timer("other"):
         rollouts = ordered(collection.rollouts)
         check_collection_size(len(rollouts), run.plan.num_rollouts, collection.stale_dropped)
-        rows = to_rows(rollouts)
+        rows = to_rows(rollouts, run.config.loss.summary_tokens)
         advantages = compute_advantages(
             rows, run.config.advantage.estimator, run.config.advantage.scale_by_std
         )
@@ -160,7 +160,8 @@ def train_step(run: Run, step: int,
         run.sync_weights(version=step)
     run.record_trained(step, collection.groups)
     advance_counters(run.state, rollouts, timer)
-    metrics: dict[str, Any] = step_stats(step, rollouts).to_flat_dict()
+    metrics: dict[str, Any] = step_stats(step, rollouts,
+                                         run.config.loss.summary_tokens).to_flat_dict()
     metrics.update(rollout_figures(rollouts))
     metrics.update(staleness_figures(rollouts, trained_version=step - 1))
     for name in sorted({r.env for r in rollouts}):
