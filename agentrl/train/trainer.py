@@ -32,6 +32,7 @@ import torch
 from agentrl.advantage import compute_advantages
 from agentrl.engines.router import EngineRouter
 from agentrl.loss import scores_proximal_policy
+from agentrl.observe.compaction import CompactionWatch
 from agentrl.observe.costs import cost_figures
 from agentrl.observe.metrics import (
     collection_figures,
@@ -88,6 +89,7 @@ def train(run: Run) -> TrainerState:
     """Run steps until ``train.num_steps``, validating, logging and checkpointing."""
     cfg = run.config.train
     health = InvalidRateMonitor(cfg.max_invalid_fraction)
+    compaction = CompactionWatch()  # warns once per environment whose compaction dies
     profiled: list[dict[str, float]] = []
     # what setup built (modules, model, engine, tokenizer: millions of objects) lives for
     # the whole run; frozen, the collector's full passes skip it (walking it cost ~35 ms
@@ -102,6 +104,8 @@ def train(run: Run) -> TrainerState:
             profiled += [{k: v for k, v in metrics.items() if k.startswith("profile/")}]
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.num_steps):
                 metrics.update(run.validate(step))
+            if run.is_main:
+                compaction.warn(metrics)
             run.writers.write(metrics)
             last = step == cfg.num_steps
             if last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
