@@ -97,8 +97,24 @@ def test_an_environment_sampled_on_some_steps_only_is_judged_on_its_own_steps():
     records = [metrics_of(step, pages=c) if step % 2 else {"step": step}
                for step, c in enumerate([0.6, 0, 0.6, 0, 0.6, 0, 0.1, 0, 0.1, 0, 0.1],
                                         start=1)]
-    (decline,) = run_declines(records)
+    (decline,) = run_declines(records)[1]
     assert decline.first_steps == (1, 5) and decline.last_steps == (7, 11)
+
+
+def test_a_resumed_run_warns_no_decline_twice():
+    """The trainer starts its watch from the run's metrics up to the resumed step."""
+    records = issue_run()
+    watch, seen = run_declines(records, up_to_step=7)
+    assert [d.env for d in seen] == ["pages"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for record in records[7:]:
+            watch.warn(record)
+    assert not [w for w in caught if w.category is CompactionDeclineWarning]
+    watch, seen = run_declines(records, up_to_step=5)  # resumed before the decline
+    assert seen == []
+    with pytest.warns(CompactionDeclineWarning, match="'pages'.*steps 4-6"):
+        watch.warn(records[5])
 
 
 def test_report_marks_the_decline(tmp_path, capsys):

@@ -109,7 +109,7 @@ def describe_run(name: str, records: list[dict[str, Any]], metric: str,
         k = min(10, len(rewards))
         lines.append(f"  reward/mean, first {k} steps {sum(rewards[:k]) / k:.3f} → last {k} "
                      f"steps {sum(rewards[-k:]) / k:.3f}")
-    for decline in run_declines(records):
+    for decline in run_declines(records)[1]:
         lines.append(f"  ! {decline.message()}")
     if target is not None:
         before, after = target_bracket(records, metric, target)
@@ -205,7 +205,7 @@ def build_figure(runs: dict[str, list[dict[str, Any]]], metric: str, target: flo
 
 def mark_declines(ax: Any, runs: dict[str, list[dict[str, Any]]]) -> None:
     """A red span over each decline's latest window, on the compact-calls panel."""
-    marked = [(name, d) for name, records in runs.items() for d in run_declines(records)]
+    marked = [(name, d) for name, records in runs.items() for d in run_declines(records)[1]]
     for name, decline in marked:
         ax.axvspan(decline.last_steps[0], decline.last_steps[1], color="red", alpha=0.15,
                    label=f"compaction dying: {decline.env}"

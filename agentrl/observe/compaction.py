@@ -20,6 +20,7 @@ the trainer warns once per environment, and ``agentrl report`` marks the same de
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -145,8 +146,12 @@ def _env_of(key: str) -> str | None:
     return None
 
 
-def run_declines(records: Sequence[Mapping[str, Any]]) -> list[Decline]:
-    """The declines a run's metrics records show, as the run warned them (``agentrl
-    report`` marks them)."""
+def run_declines(records: Sequence[Mapping[str, Any]],
+                 up_to_step: float = math.inf) -> tuple[CompactionWatch, list[Decline]]:
+    """The declines a run's metrics records show (steps up to ``up_to_step``), as the run
+    warned them, and the watch that saw them (a resumed run goes on from it, so it warns
+    no decline twice); ``agentrl report`` marks them."""
     watch = CompactionWatch()
-    return [d for record in records if "step" in record for d in watch.observe(record)]
+    declines = [d for record in records if record.get("step", math.inf) <= up_to_step
+                for d in watch.observe(record)]
+    return watch, declines

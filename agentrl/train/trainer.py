@@ -32,7 +32,7 @@ import torch
 from agentrl.advantage import compute_advantages
 from agentrl.engines.router import EngineRouter
 from agentrl.loss import scores_proximal_policy
-from agentrl.observe.compaction import CompactionWatch
+from agentrl.observe.compaction import run_declines
 from agentrl.observe.costs import cost_figures
 from agentrl.observe.metrics import (
     collection_figures,
@@ -48,6 +48,7 @@ from agentrl.observe.profile import (
     timed,
     traced,
 )
+from agentrl.observe.writers import read_metrics
 from agentrl.packing import MicroBatch, collate, copy_to_device, plan_micro_batches
 from agentrl.parallel import groups
 from agentrl.parallel.caches import return_freed_heap
@@ -89,7 +90,8 @@ def train(run: Run) -> TrainerState:
     """Run steps until ``train.num_steps``, validating, logging and checkpointing."""
     cfg = run.config.train
     health = InvalidRateMonitor(cfg.max_invalid_fraction)
-    compaction = CompactionWatch()  # warns once per environment whose compaction dies
+    # warns once per environment whose compaction dies (a resumed run: the steps so far)
+    compaction = run_declines(read_metrics(run.run_dir), run.state.step)[0]
     profiled: list[dict[str, float]] = []
     # what setup built (modules, model, engine, tokenizer: millions of objects) lives for
     # the whole run; frozen, the collector's full passes skip it (walking it cost ~35 ms
