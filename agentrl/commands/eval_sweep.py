@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -67,9 +69,13 @@ def run_sweep(engine: Any, tokenizer: Any, config: Any, settings: list[Setting],
     """Evaluate every setting, print the table, draw the curve."""
     num_tasks = args.tasks or config.train.eval_tasks_per_env
     results: list[CellResult] = []
-    for setting in settings:
+    for index, setting in enumerate(settings, start=1):
+        start = time.perf_counter()
         results += asyncio.run(evaluate_setting(engine, tokenizer, setting, num_tasks,
                                                 args.temperature))
+        cell = " ".join(f"{k}={v}" for k, v in setting.cell.items())
+        print(f"[{index}/{len(settings)}] {cell} {setting.method}: "
+              f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     print(format_table(results, [a.key for a in axes]))
     x_key = plot_axis(axes)
     trained = {a.key: trained_value(config, a.key) for a in axes}
