@@ -101,7 +101,7 @@ def parse_sweep(text: str) -> SweepAxis:
     parts = [v.strip() for v in values.split(",")]
     if not sep or not key.strip() or not all(parts):
         raise ConfigError(f"--sweep {text!r} must look like KEY=V1,V2,... (e.g. "
-                         "num_pages=6,12,24 or compaction.strategy=tool,drop_oldest)")
+                          "num_pages=6,12,24 or compaction.strategy=tool,drop_oldest)")
     return SweepAxis(key.strip(), tuple(_value(v) for v in parts))
 
 
@@ -149,7 +149,7 @@ def plan_sweep(config: Config, axes: Sequence[SweepAxis],
     for name in baselines:
         if name not in BASELINES:
             raise ConfigError(f"--baselines {name!r} is not a baseline; valid: "
-                             f"{', '.join(BASELINES)} (or none)")
+                              f"{', '.join(BASELINES)} (or none)")
     keywords = {env.display_name(): env_keywords(env) for env in config.environments}
     env_keys = [a.key for a in axes if a.key not in COMPACTION_KEYS]
     _check_keys(axes, keywords)
@@ -158,7 +158,7 @@ def plan_sweep(config: Config, axes: Sequence[SweepAxis],
     left_out = [env.display_name() for env in config.environments if env not in kept]
     if not kept:
         raise ConfigError(f"--sweep {', '.join(env_keys)}: no environment takes all of these "
-                         "keywords; sweep them one environment config at a time")
+                          "keywords; sweep them one environment config at a time")
     planned = []
     for values in itertools.product(*(a.values for a in axes)):
         cell = dict(zip((a.key for a in axes), values, strict=True))
@@ -185,8 +185,8 @@ def _check_keys(axes: Sequence[SweepAxis], keywords: dict[str, list[str]]) -> No
         if axis.key not in COMPACTION_KEYS and axis.key not in known:
             envs = "; ".join(f"{env}: {', '.join(names)}" for env, names in keywords.items())
             raise ConfigError(f"--sweep {axis.key}: unknown key; valid: "
-                             f"{', '.join(COMPACTION_KEYS)}, or an environment keyword "
-                             f"({envs})")
+                              f"{', '.join(COMPACTION_KEYS)}, or an environment keyword "
+                              f"({envs})")
     if len({a.key for a in axes}) != len(axes):
         raise ConfigError("--sweep names the same key twice; give each key one --sweep")
 
@@ -203,7 +203,7 @@ def _with_kwargs(env: EnvironmentConfig, cell: dict[str, Any],
     except Exception as exc:  # noqa: BLE001 - any refusal is the value's fault here
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(f"--sweep {', '.join(f'{k}={v!r}' for k, v in changed.items())}: "
-                         f"environment {env.display_name()!r} refuses it: {detail}") from None
+                          f"environment {env.display_name()!r} refuses it: {detail}") from None
     return entry
 
 
@@ -221,14 +221,14 @@ def _compaction(base: CompactionConfig, cell: dict[str, Any], method: str) -> Co
         choices = typing.get_args(hints[field])
         if typing.get_origin(hints[field]) is typing.Literal and raw[field] not in choices:
             raise ConfigError(f"--sweep {key}: {raw[field]!r} is not valid; valid: "
-                             f"{', '.join(choices)}")
+                              f"{', '.join(choices)}")
     try:
         check_ranges(raw, CompactionConfig)
         return msgspec.convert(raw, CompactionConfig, strict=False)
     except (ValueError, msgspec.ValidationError) as exc:
         swept = [k for k in cell if k in COMPACTION_KEYS]
         raise ConfigError(f"--sweep {', '.join(swept) or 'compaction'}: "
-                         f"{str(exc).splitlines()[0]}") from None
+                          f"{str(exc).splitlines()[0]}") from None
 
 
 def _identity(environments: list[EnvironmentConfig], compaction: CompactionConfig) -> bytes:
