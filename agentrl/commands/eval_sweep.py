@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -123,6 +124,17 @@ def plot_axis(axes: Sequence[SweepAxis]) -> str:
     return (numeric or list(axes))[0].key
 
 
+def x_positions(values: list[Any]) -> dict[Any, float]:
+    """Where each swept value sits on the x axis: numbers spanning 4x or more (6, 12, 24,
+    48 pages) on a log2 scale, other numbers as they are, anything else in order."""
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    if not numeric:
+        return {v: float(i) for i, v in enumerate(values)}
+    if min(values) > 0 and max(values) >= 4 * min(values):
+        return {v: math.log2(v) for v in values}
+    return {v: float(v) for v in values}
+
+
 def plot_sweep(results: Sequence[CellResult], x_key: str, trained: Any,
                out: str | Path) -> None:
     """Accuracy against ``x_key``, one line per (other keys, method, environment), each
@@ -134,8 +146,7 @@ def plot_sweep(results: Sequence[CellResult], x_key: str, trained: Any,
     import matplotlib.pyplot as plt
 
     values = list(dict.fromkeys(r.cell[x_key] for r in results))
-    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
-    position = {v: (v if numeric else i) for i, v in enumerate(values)}
+    position = x_positions(values)
     lines: dict[str, list[CellResult]] = {}
     for r in results:
         rest = ", ".join(f"{k}={v}" for k, v in r.cell.items() if k != x_key)
@@ -152,8 +163,7 @@ def plot_sweep(results: Sequence[CellResult], x_key: str, trained: Any,
                     linestyle="--" if points[0].method in BASELINES else "-")
     if trained in position:
         ax.axvline(position[trained], color="grey", linestyle=":", label=f"trained at {trained}")
-    if not numeric:
-        ax.set_xticks(list(position.values()), [str(v) for v in values])
+    ax.set_xticks(list(position.values()), [str(v) for v in values])
     ax.set_xlabel(x_key)
     ax.set_ylabel("held-out accuracy (95% interval)")
     ax.set_ylim(-0.05, 1.05)

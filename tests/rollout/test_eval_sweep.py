@@ -131,3 +131,16 @@ def test_the_cli_refuses_a_bad_key_before_loading_a_model(tmp_path, capsys):
 def test_a_bad_baseline_is_named():
     with pytest.raises(ValueError, match="'oldest'.*drop_oldest, full"):
         plan_sweep(config(), [parse_sweep("num_pages=2")], ["oldest"])
+
+
+def test_the_curve_spaces_doublings_evenly():
+    from agentrl.commands.eval_sweep import plot_axis, x_positions
+
+    positions = x_positions([6, 12, 24, 48])
+    assert [positions[v] - positions[6] for v in (12, 24, 48)] == pytest.approx([1, 2, 3])
+    assert x_positions([120, 160]) == {120: 120.0, 160: 160.0}
+    assert x_positions(["tool", "drop_oldest"]) == {"tool": 0.0, "drop_oldest": 1.0}
+    axes = [parse_sweep("compaction.max_context_tokens=120,200"),
+            parse_sweep("compaction.strategy=tool,drop_oldest"), parse_sweep("num_pages=6,12")]
+    assert plot_axis(axes) == "num_pages"  # the task's length first
+    assert plot_axis(axes[:2]) == "compaction.max_context_tokens"
