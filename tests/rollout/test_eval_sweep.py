@@ -79,7 +79,8 @@ def test_baselines_are_played_beside_the_policy_once_each(tiny_ckpt, tmp_path, c
     both cells."""
     assert main(["eval", str(write_config(tmp_path, budget=160)), "--checkpoint",
                  str(tiny_ckpt), "--tasks", "2", "--sweep", "num_pages=2",
-                 "--sweep", "compaction.strategy=tool,drop_oldest"]) == 0
+                 "--sweep", "compaction.strategy=tool,drop_oldest",
+                 "--plot", str(tmp_path / "curve.png")]) == 0
     rows = table(capsys.readouterr().out)[1:]
     assert [(r[1], r[2]) for r in rows] == [("tool", "policy"), ("tool", "full"),
                                             ("drop_oldest", "policy")]
