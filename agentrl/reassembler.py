@@ -4,25 +4,38 @@ Compaction cuts a long rollout into several segments, and a rollout may hold sev
 threads (subagents), each with segments of its own; every segment becomes a trainable row.
 The copies of the reward must agree and a rollout is only as valid as its worst row;
 ``check_reward_copies`` and ``rollout_validity`` state those two rules for any list of rows.
+
+With ``loss.summary_tokens = "mask"`` the compaction summary a row ends with (its
+segment's ``num_summary_tokens``) gets loss mask 0: no gradient flows through it, and the
+update's token count N (invariant 4) counts only the tokens that are trained.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from agentrl.types import Rollout, Row
+from agentrl.types import Rollout, Row, Segment
+
+SUMMARY_TOKENS = ("train", "mask")
+"""What ``loss.summary_tokens`` may say: train the compaction summaries, or mask them."""
 
 
 class RewardMismatchError(ValueError):
     """The reward copies of one rollout disagree: training on them would be wrong."""
 
 
-def to_rows(rollouts: Iterable[Rollout]) -> list[Row]:
-    """One row per segment, each carrying its rollout's reward and validity."""
+def to_rows(rollouts: Iterable[Rollout], summary_tokens: str = "train") -> list[Row]:
+    """One row per segment, each carrying its rollout's reward and validity;
+    ``summary_tokens = "mask"``: each row's compaction summary untrained."""
+    if summary_tokens not in SUMMARY_TOKENS:
+        raise ValueError(f'loss.summary_tokens = "{summary_tokens}"; choose "train" or "mask"')
     rows = []
     for rollout in rollouts:
         valid = rollout.trainable
         for index, segment in enumerate(rollout.segments):
+            loss_mask, logprobs = segment.loss_mask, segment.logprobs
+            if summary_tokens == "mask" and segment.num_summary_tokens:
+                loss_mask, logprobs = masked_summary(segment)
             rows.append(
                 Row(
                     rollout_id=rollout.rollout_id,
@@ -30,8 +43,8 @@ def to_rows(rollouts: Iterable[Rollout]) -> list[Row]:
                     env=rollout.env,
                     segment=index,
                     token_ids=segment.token_ids,
-                    loss_mask=segment.loss_mask,
-                    logprobs=segment.logprobs,
+                    loss_mask=loss_mask,
+                    logprobs=logprobs,
                     reward=rollout.reward,
                     valid=valid,
                     num_prompt_tokens=segment.num_prompt_tokens,
@@ -40,6 +53,26 @@ def to_rows(rollouts: Iterable[Rollout]) -> list[Row]:
                 )
             )
     return rows
+
+
+def masked_summary(segment: Segment) -> tuple[list[int], list[float]]:
+    """The segment's loss mask and log-probs with its last ``num_summary_tokens``
+    generated tokens (the summary it ends with) set to 0, as for any untrained token."""
+    loss_mask, logprobs = list(segment.loss_mask), list(segment.logprobs)
+    left = segment.num_summary_tokens
+    for i in range(len(loss_mask) - 1, -1, -1):
+        if not left:
+            break
+        if loss_mask[i]:
+            loss_mask[i], logprobs[i], left = 0, 0.0, left - 1
+    return loss_mask, logprobs
+
+
+def num_trained_tokens(rollout: Rollout, summary_tokens: str = "train") -> int:
+    """Generated tokens of ``rollout`` that rows built by :func:`to_rows` train."""
+    masked = summary_tokens == "mask"
+    return sum(s.num_generated_tokens - (s.num_summary_tokens if masked else 0)
+               for s in rollout.segments)
 
 
 def check_reward_copies(rows: Sequence[Row]) -> dict[str, float]:

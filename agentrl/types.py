@@ -73,6 +73,11 @@ class Segment(msgspec.Struct):
     ``"harness_compaction:<reason>"`` (its prompt did not extend the previous one) or
     ``"drift:edited_assistant"``; "" otherwise (a thread's first row, or the runner's own
     compaction)."""
+    num_summary_tokens: int = 0
+    """The segment ended in a compaction summary the next segment starts from: its last
+    this many generated tokens are that summary (the policy's whole ``compact`` reply, or
+    a ``summarize`` summary); 0 when it did not. ``loss.summary_tokens = "mask"`` leaves
+    them untrained (``agentrl.reassembler.to_rows``)."""
 
     @property
     def num_generated_tokens(self) -> int:

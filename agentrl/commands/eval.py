@@ -1,4 +1,6 @@
-"""``agentrl eval CONFIG --checkpoint PATH``: accuracy per environment on held-out tasks."""
+"""``agentrl eval CONFIG --checkpoint PATH``: accuracy per environment on held-out tasks;
+with ``--sweep KEY=V1,V2,...`` at every cell of a grid of settings, beside baselines
+(:mod:`agentrl.commands.eval_sweep`)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-HELP = "Evaluate a checkpoint: greedy accuracy per environment on held-out tasks."
+from agentrl.commands.eval_sweep import add_sweep_arguments, plan
+
+HELP = "Evaluate a checkpoint: greedy accuracy per environment on held-out tasks (with " \
+       "--sweep: over a grid of environment and compaction settings, with intervals)."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sampling temperature (default 0: greedy)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override one setting (repeatable)")
+    add_sweep_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.rollout.build import build_engine
 
     config = load_config(args.config, args.overrides)
+    args.sweep_plan = plan(config, args) if args.sweep else None  # checked before loading
     if is_adapter_folder(args.checkpoint):
         return _evaluate_adapter(config, args)
     config = msgspec.structs.replace(
@@ -44,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_pretrained(args.checkpoint, dtype=compute_dtype(config.model.dtype, device),
                             attention=config.model.attention, device=device)
     tokenizer = load_tokenizer(args.checkpoint)
-    engine = build_engine(config, model, tokenizer, args.checkpoint)
+    engine = build_engine(_engine_config(config, args), model, tokenizer, args.checkpoint)
     if engine.needs_initial_sync:  # servers elsewhere: give them the checkpoint
         engine.update_weights(iter_full_parameters(model))
     return _report(engine, tokenizer, config, args)
@@ -66,19 +73,35 @@ def _evaluate_adapter(config: Any, args: argparse.Namespace) -> int:
     config = msgspec.structs.replace(
         config, model=msgspec.structs.replace(config.model, path=base, lora=lora))
     tokenizer = load_tokenizer(args.checkpoint)
-    engine = build_engines(config, base, tokenizer, read_args(base).max_position_embeddings)
+    engine = build_engines(_engine_config(config, args), base, tokenizer,
+                           read_args(base).max_position_embeddings)
     engine.update_weights(read_adapter(args.checkpoint).items(), version=0)
     return _report(engine, tokenizer, config, args)
 
 
+def _engine_config(config: Any, args: argparse.Namespace) -> Any:
+    """The config the engine is built from: with ``--sweep``, one whose requests are as
+    long as the longest setting's (a larger budget, the full-context baseline)."""
+    if args.sweep_plan is None:
+        return config
+    from agentrl.commands.eval_sweep import widest
+
+    return widest(config, args.sweep_plan[0])
+
+
 def _report(engine: Any, tokenizer: Any, config: Any, args: argparse.Namespace) -> int:
-    """Evaluate with ``engine`` and print accuracy per environment."""
+    """Evaluate with ``engine`` and print accuracy per environment (or the sweep)."""
     import asyncio
 
     from agentrl.rollout.evaluation import evaluate
     from agentrl.rollout.template_check import prepare_chat
 
     prepare_chat(tokenizer, config.model)  # the model's tool-call format
+    if args.sweep_plan is not None:
+        from agentrl.commands.eval_sweep import run_sweep
+
+        return run_sweep(engine, tokenizer, config, *args.sweep_plan, args)
+
     num_tasks = args.tasks or config.train.eval_tasks_per_env
     accuracy = asyncio.run(evaluate(engine, tokenizer, config, num_tasks, args.temperature))
     for name, value in accuracy.items():

@@ -8,7 +8,9 @@ them, the agent side against steps (:mod:`agentrl.observe.panels`): compactions 
 rollout, turns, truncation and its reasons, tool errors by kind, invalid rollouts by
 reason, then what each step cost (engine, environment and sandbox seconds; with a price
 table ``log.costs``, cost per step and per reward point), overall and per environment,
-each panel only when it was logged.
+each panel only when it was logged. An environment whose compact calls per rollout fell
+by more than half (:func:`agentrl.observe.compaction.compaction_decline`, the rule the
+run warned by) is printed with a "!" and shaded red on the compact-calls panel.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 from typing import Any
+
+from agentrl.observe.compaction import BY_TOOL, run_declines
 
 HELP = "Plot validation accuracy and reward of one or more runs against rollouts, tokens, " \
        "updates and time, and the agent side (compaction, rows, turns, truncation, tool " \
@@ -105,6 +109,8 @@ def describe_run(name: str, records: list[dict[str, Any]], metric: str,
         k = min(10, len(rewards))
         lines.append(f"  reward/mean, first {k} steps {sum(rewards[:k]) / k:.3f} → last {k} "
                      f"steps {sum(rewards[-k:]) / k:.3f}")
+    for decline in run_declines(records)[1]:
+        lines.append(f"  ! {decline.message()}")
     if target is not None:
         before, after = target_bracket(records, metric, target)
         if after is None:
@@ -188,11 +194,24 @@ def build_figure(runs: dict[str, list[dict[str, Any]]], metric: str, target: flo
     cells = [axes[r][c] for r in range(len(budget_rows), nrows) for c in range(ncols)]
     for ax, panel in zip(cells, panels, strict=False):
         draw(ax, panel, runs)
+        if any(series.key.endswith(BY_TOOL) for series in panel.series):
+            mark_declines(ax, runs)
     for ax in axes.flat:
         if not ax.lines:  # nothing logged for this cell: no empty axis in the figure
             fig.delaxes(ax)
     fig.tight_layout()
     return fig
+
+
+def mark_declines(ax: Any, runs: dict[str, list[dict[str, Any]]]) -> None:
+    """A red span over each decline's latest window, on the compact-calls panel."""
+    marked = [(name, d) for name, records in runs.items() for d in run_declines(records)[1]]
+    for name, decline in marked:
+        ax.axvspan(decline.last_steps[0], decline.last_steps[1], color="red", alpha=0.15,
+                   label=f"compaction dying: {decline.env}"
+                   + (f" ({name})" if len(runs) > 1 else ""))
+    if marked:
+        ax.legend(fontsize=7)
 
 
 def _plot_validation(ax: Any, runs: dict[str, list[dict[str, Any]]], x_key: str, metric: str,

@@ -179,6 +179,11 @@ class LossConfig(_Section):
     """Mu-GRPO's negative-advantage veto, a ratio threshold τ > 1: in a row with a
     negative advantage, the first generated token whose π/π_engine leaves [1/τ, τ] and
     every generated token after it in the row get no gradient. None disables it."""
+    summary_tokens: Literal["train", "mask"] = "train"
+    """The generated tokens of a compaction summary (the policy's ``compact`` reply under
+    ``compaction.strategy = "tool"``, or a ``summarize`` summary): "train" them like any
+    generated token, or "mask" them (loss mask 0: no gradient flows through the summary,
+    and the update's token count N leaves them out)."""
 
 
 class AdvantageConfig(_Section):

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from agentrl.observe.compaction import compaction_figures
+from agentrl.reassembler import num_trained_tokens
 from agentrl.types import (
     MAIN_THREAD,
     SUBAGENT_FAILURES,
@@ -94,8 +95,10 @@ def drop_reason(group: Group) -> str | None:
     return None
 
 
-def step_stats(step: int, rollouts: Sequence[Rollout]) -> StepStats:
-    """Count what a step's rollouts hold, overall and per environment."""
+def step_stats(step: int, rollouts: Sequence[Rollout],
+               summary_tokens: str = "train") -> StepStats:
+    """Count what a step's rollouts hold, overall and per environment
+    (``summary_tokens``: ``loss.summary_tokens``, which decides the trained tokens)."""
     per_env: dict[str, Counts] = defaultdict(Counts)
     groups: dict[str, list[Rollout]] = defaultdict(list)
     for rollout in rollouts:
@@ -105,7 +108,8 @@ def step_stats(step: int, rollouts: Sequence[Rollout]) -> StepStats:
         counts.num_rollouts += 1
         counts.num_rows += len(rollout.segments)
         counts.num_sampled_tokens += rollout.num_generated_tokens
-        counts.num_trainable_tokens += rollout.num_generated_tokens if valid else 0
+        counts.num_trainable_tokens += num_trained_tokens(rollout, summary_tokens) \
+            if valid else 0
         counts.num_invalid_rollouts += 0 if valid else 1
         counts.reward_sum += rollout.reward
     for group_id, members in groups.items():

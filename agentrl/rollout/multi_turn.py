@@ -287,6 +287,8 @@ class RolloutPlayer:
         if compacted is None:  # the task and what must be kept do not fit the budget
             self._truncate("context_budget")
             return False
+        # the summary the next segment starts from: the last generated tokens of this one
+        self.segments[-1].num_summary_tokens = compacted.summary_tokens
         self.stats.num_compactions += 1
         self.stats.compactions.append(self.facts.record(
             Compaction(cause=cause, strategy=strategy, segment=len(self.segments) - 1,

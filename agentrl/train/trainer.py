@@ -33,6 +33,7 @@ import torch
 from agentrl.advantage import compute_advantages
 from agentrl.engines.router import EngineRouter
 from agentrl.loss import scores_proximal_policy
+from agentrl.observe.compaction import run_declines
 from agentrl.observe.costs import cost_figures, length_figures
 from agentrl.observe.metrics import (
     collection_figures,
@@ -48,6 +49,7 @@ from agentrl.observe.profile import (
     timed,
     traced,
 )
+from agentrl.observe.writers import read_metrics
 from agentrl.packing import MicroBatch, collate, copy_to_device, plan_micro_batches
 from agentrl.parallel import groups
 from agentrl.parallel.caches import return_freed_heap
@@ -89,6 +91,8 @@ def train(run: Run) -> TrainerState:
     """Run steps until ``train.num_steps``, validating, logging and checkpointing."""
     cfg = run.config.train
     health = InvalidRateMonitor(cfg.max_invalid_fraction)
+    # warns once per environment whose compaction dies (a resumed run: the steps so far)
+    compaction = run_declines(read_metrics(run.run_dir), run.state.step)[0]
     profiled: list[dict[str, float]] = []
     # what setup built (modules, model, engine, tokenizer: millions of objects) lives for
     # the whole run; frozen, the collector's full passes skip it (walking it cost ~35 ms
@@ -103,6 +107,8 @@ def train(run: Run) -> TrainerState:
             profiled += [{k: v for k, v in metrics.items() if k.startswith("profile/")}]
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.num_steps):
                 metrics.update(run.validate(step))
+            if run.is_main:
+                compaction.warn(metrics)
             run.writers.write(metrics)
             last = step == cfg.num_steps
             if last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
@@ -150,7 +156,7 @@ def train_step(run: Run, step: int,
     with timer("other"):
         rollouts = ordered(collection.rollouts)
         check_collection_size(len(rollouts), run.plan.num_rollouts)
-        rows = to_rows(rollouts)
+        rows = to_rows(rollouts, run.config.loss.summary_tokens)
         advantages = compute_advantages(
             rows, run.config.advantage.estimator, run.config.advantage.scale_by_std, rollouts
         )
@@ -162,7 +168,8 @@ def train_step(run: Run, step: int,
         run.sync_weights(version=step)
     run.record_trained(step, collection.groups)
     advance_counters(run.state, rollouts, timer)
-    metrics: dict[str, Any] = step_stats(step, rollouts).to_flat_dict()
+    metrics: dict[str, Any] = step_stats(step, rollouts,
+                                         run.config.loss.summary_tokens).to_flat_dict()
     metrics.update(rollout_figures(rollouts))
     metrics.update(staleness_figures(rollouts, trained_version=step - 1))
     for name in sorted({r.env for r in rollouts}):
