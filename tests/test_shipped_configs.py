@@ -36,12 +36,16 @@ def stand_in_model(tmp_path_factory) -> Path:
 
 
 def warm_start_stand_in(config, folder: Path, recipe: str) -> Path:
-    """What `agentrl sft` writes for a config (its tokenizer fitted to the environments'
-    demonstrations, with the chat template the config's recipe comment names, so prompts
-    measure as in the walkthrough), untrained."""
+    """What `agentrl sft` writes for a config (its tokenizer: the generic base's when the
+    recipe starts from it, else fitted to the environments' demonstrations with the chat
+    template the recipe names, so prompts measure as in the walkthrough), untrained."""
     from agentrl.model import build_tiny_checkpoint
     from agentrl.train.sft import WarmStartConfig, tokenizer_corpus
 
+    from agentrl.model.base import GENERIC_BASE
+
+    if re.search(r"agentrl sft \S+ --out", recipe):  # no --base: the generic base's tokens
+        return GENERIC_BASE
     defaults = WarmStartConfig()
     named = re.search(r"--chat-template (\S+)", recipe)
     template = named.group(1) if named else defaults.chat_template
