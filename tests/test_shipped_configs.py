@@ -40,9 +40,8 @@ def warm_start_stand_in(config, folder: Path, recipe: str) -> Path:
     recipe starts from it, else fitted to the environments' demonstrations with the chat
     template the recipe names, so prompts measure as in the walkthrough), untrained."""
     from agentrl.model import build_tiny_checkpoint
-    from agentrl.train.sft import WarmStartConfig, tokenizer_corpus
-
     from agentrl.model.base import GENERIC_BASE
+    from agentrl.train.sft import WarmStartConfig, tokenizer_corpus
 
     if re.search(r"agentrl sft \S+ --out", recipe):  # no --base: the generic base's tokens
         return GENERIC_BASE
