@@ -84,8 +84,9 @@ def _serve_builtin(config: Any, args: argparse.Namespace) -> int:
                                  engine_max_len(config, max_positions), gpus, index=0,
                                  dtype=engine_dtype(config))
     server = EngineServer(engine, tokenizer, model_name=model_dir.name)
-    chat = ChatServer(engine, tokenizer, model_dir.name,
-                      open_session=serving_sessions(engine, tokenizer, config.rollout))
+    chat = ChatServer(engine, tokenizer, model_dir.name,  # or the name training serves
+                      open_session=serving_sessions(engine, tokenizer, config.rollout),
+                      aliases=(config.endpoint.model_name,))
 
     def ready(port: int) -> None:
         print(f"agentrl serve: {model_dir} on http://{args.host}:{port} "

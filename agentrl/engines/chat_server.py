@@ -82,13 +82,16 @@ class ChatServer:
 
     def __init__(self, engine: Any, tokenizer: Any, model_name: str,
                  open_session: Callable[[str], ChatSession | None] | None = None,
-                 max_sessions: int = 4096) -> None:
-        """``model_name``: the only model requests may name; ``open_session(id)``: a
-        session for an id not registered with :meth:`add` (None: refuse unknown ids), the
-        oldest of those forgotten past ``max_sessions``."""
+                 max_sessions: int = 4096, aliases: tuple[str, ...] = ()) -> None:
+        """``model_name``: the model requests name (``/v1/models`` lists it); ``aliases``:
+        other names requests may give for it (``agentrl serve``: the training endpoint's
+        ``endpoint.model_name``, so one program runs against both); ``open_session(id)``:
+        a session for an id not registered with :meth:`add` (None: refuse unknown ids),
+        the oldest of those forgotten past ``max_sessions``."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.model_names = (model_name, *(a for a in aliases if a != model_name))
         self.open_session = open_session
         self.max_sessions = max_sessions
         self.sessions: dict[str, ChatSession] = {}
@@ -125,10 +128,11 @@ class ChatServer:
             if path == "/v1/agentrl/session":
                 return Answer(200, session.describe())
             chat = parse_chat_request(_json(request.body))
-            if chat.model != self.model_name:
+            if chat.model not in self.model_names:
+                names = " or ".join(repr(n) for n in self.model_names)
                 raise ChatError(404, "model_not_found", f"the model {chat.model!r} is not "
-                                f"served here; this endpoint serves {self.model_name!r} (the "
-                                "client config's model, OPENAI_MODEL)", "model")
+                                f"served here; this endpoint serves {names} (the client "
+                                "config's model, OPENAI_MODEL)", "model")
             return await self._complete(session, session_id or "", chat, request)
         except ChatError as exc:
             if session is not None:
