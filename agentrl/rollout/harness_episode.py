@@ -30,7 +30,7 @@ import tempfile
 from typing import Any
 
 from agentrl.config import HarnessConfig, RolloutConfig
-from agentrl.envs.harness import HarnessProgram, play_task
+from agentrl.envs.harness import HarnessProgram, own_python, play_task
 from agentrl.rollout.env_contract import EnvError, describe
 from agentrl.rollout.env_guard import GuardedEnv, ProcessCaller, ThreadCaller
 from agentrl.rollout.harness_endpoint import HarnessEndpoint
@@ -182,15 +182,16 @@ def _command_line(harness: HarnessConfig, task: dict[str, Any], client: dict[str
            "OPENAI_API_KEY": client["api_key"],
            "OPENAI_MODEL": client["model"], "AGENTRL_TASK": json.dumps(task),
            "AGENTRL_ANSWER_FILE": os.path.join(own_dir, ANSWER_FILE)}
+    command = own_python(harness.command)  # "python": agentrl's interpreter, as OpenEnv's
     if not harness.sandbox:
-        return list(harness.command), {**os.environ, **env}, {}
+        return command, {**os.environ, **env}, {}
     from agentrl.sandbox.program import INSIDE, inside_base_url, sandboxed_program
 
     assert endpoint.socket_path is not None  # started with unix_socket=True
     os.chmod(own_dir, 0o777)  # the sandbox writes its answer as another user
     env.update(OPENAI_BASE_URL=inside_base_url(),
                AGENTRL_ANSWER_FILE=f"{INSIDE}/{ANSWER_FILE}")
-    argv, popen = sandboxed_program(list(harness.command), endpoint.socket_path, own_dir,
+    argv, popen = sandboxed_program(command, endpoint.socket_path, own_dir,
                                     os.path.abspath(harness.cwd or "."), env)
     return argv, {}, popen
 
