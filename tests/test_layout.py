@@ -125,6 +125,18 @@ def test_every_agentrl_import_runs_down_the_layers() -> None:
     assert violations(paths) == []
 
 
+def mutual_imports(paths: list[Path]) -> list[tuple[str, str]]:
+    """Pairs of agentrl modules that import each other (lazy imports count)."""
+    modules = {module_name(p): p for p in paths}
+    graph = {m: {t for _, t in imports_of(p) if t in modules and t != m}
+             for m, p in modules.items()}
+    return sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if a in graph[b]})
+
+
+def test_no_two_modules_import_each_other() -> None:
+    assert mutual_imports(sorted((ROOT / "agentrl").rglob("*.py"))) == []
+
+
 def test_built_in_environments_use_only_the_authors_api() -> None:
     bad = []
     for path in sorted((ROOT / "environments").rglob("*.py")):
