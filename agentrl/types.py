@@ -57,8 +57,6 @@ class Segment(msgspec.Struct):
     logprobs: list[float]
     """Behaviour log-probs from the inference engine; 0.0 where loss_mask is 0."""
     num_prompt_tokens: int
-    valid: bool = True
-    """False when something went wrong inside this segment; masks the whole rollout."""
     version_runs: list[tuple[int, int]] = []
     """Which policy version generated each token, run-length encoded: ``(start, version)``
     pairs, sorted by start; the generated tokens from ``start`` up to the next pair's
@@ -287,8 +285,9 @@ class Rollout(msgspec.Struct):
 
     @property
     def trainable(self) -> bool:
-        """Valid, and so is every segment: one bad segment masks the whole rollout."""
-        return self.valid and all(segment.valid for segment in self.segments)
+        """Whether the rollout trains: its validity, which every one of its rows carries
+        (``Row.valid``; one bad row masks the whole rollout)."""
+        return self.valid
 
 
 class Group(msgspec.Struct):

@@ -46,7 +46,7 @@ from typing import Any
 import msgspec
 import torch
 
-from agentrl.memory.plan import saved_bytes_per_token
+from agentrl.memory.activations import saved_bytes_per_token
 from agentrl.model import ModelArgs
 from agentrl.model.shapes import KNOWN_SHAPES
 from agentrl.train.measure_memory import (

@@ -5,11 +5,11 @@ from __future__ import annotations
 from agentrl.types import Rollout, Segment
 
 
-def segment(num_prompt: int = 3, num_generated: int = 2, valid: bool = True) -> Segment:
+def segment(num_prompt: int = 3, num_generated: int = 2) -> Segment:
     """A segment with ``num_prompt`` prompt tokens followed by ``num_generated`` generated ones."""
     tokens = list(range(num_prompt + num_generated))
     mask = [0] * num_prompt + [1] * num_generated
-    return Segment(tokens, mask, [-0.5 * m for m in mask], num_prompt, valid=valid)
+    return Segment(tokens, mask, [-0.5 * m for m in mask], num_prompt)
 
 
 def rollout(

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("model", "sandbox"),
     ("data plane", "parallel"),
     ("envs", "observe"),
-    ("engines",),
+    ("engines", "curriculum"),
     ("rollout", "memory"),
     ("transcripts",),
     ("train",),
@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
 """Lowest first."""
 
 PACKAGES = {"config", "envs", "engines", "rollout", "train", "observe", "model", "parallel",
-            "memory", "sandbox", "transcripts", "commands"}
+            "memory", "sandbox", "transcripts", "commands", "curriculum"}
 BASE = {"types", "text"}
 DATA_PLANE = {"sampler", "reassembler", "advantage", "packing", "shared_prefix", "loss",
               "staleness"}
@@ -123,6 +123,18 @@ def test_every_agentrl_import_runs_down_the_layers() -> None:
     paths = sorted((ROOT / "agentrl").rglob("*.py"))
     assert len(paths) > 50
     assert violations(paths) == []
+
+
+def mutual_imports(paths: list[Path]) -> list[tuple[str, str]]:
+    """Pairs of agentrl modules that import each other (lazy imports count)."""
+    modules = {module_name(p): p for p in paths}
+    graph = {m: {t for _, t in imports_of(p) if t in modules and t != m}
+             for m, p in modules.items()}
+    return sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if a in graph[b]})
+
+
+def test_no_two_modules_import_each_other() -> None:
+    assert mutual_imports(sorted((ROOT / "agentrl").rglob("*.py"))) == []
 
 
 def test_built_in_environments_use_only_the_authors_api() -> None:

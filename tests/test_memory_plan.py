@@ -10,12 +10,8 @@ import torch
 
 from agentrl.cli import main
 from agentrl.config import load_config
-from agentrl.memory.plan import (
-    GIB,
-    parameter_counts,
-    plan_memory,
-    saved_bytes_per_token,
-)
+from agentrl.memory.activations import parameter_counts, saved_bytes_per_token
+from agentrl.memory.plan import GIB, plan_memory
 from agentrl.model import ModelArgs
 from agentrl.model.shapes import KNOWN_SHAPES, model_shape
 from agentrl.model.tiny import init_model
@@ -245,7 +241,7 @@ LORA_7B = "configs/countdown_qwen2.5_7b_lora_1gpu.toml"
 def test_lora_per_token_bytes_match_the_measurement_within_15_percent(dtype, checkpointing,
                                                                       dropout):
     from agentrl.config import LoRAConfig
-    from agentrl.memory.plan import lora_bytes_per_token
+    from agentrl.memory.activations import lora_bytes_per_token
     from agentrl.model.lora import add_adapters, initial_adapter_state
 
     args, lora = _small("qwen2"), LoRAConfig(rank=8, dropout=dropout)

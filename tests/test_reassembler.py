@@ -18,7 +18,7 @@ def test_every_row_carries_the_reward_and_segment_tokens():
 def test_validity_is_the_minimum_over_rows():
     good = rollout("a", "G", 1.0, num_rows=2)
     bad = rollout("b", "G", 1.0, num_rows=2)
-    bad.segments[0].valid = False
+    bad.valid = False
     rows = to_rows([good, bad])
     assert rollout_validity(rows) == {"a": True, "b": False}
     # Also when the rows themselves disagree (rows built elsewhere):
@@ -34,7 +34,7 @@ def test_rows_keep_their_thread_and_every_thread_shares_the_reward():
     r.segments[1].thread = r.segments[2].thread = "sub-0"
     r.segments[3].thread = "sub-0.0"
     r.threads = [Thread("sub-0"), Thread("sub-0.0", parent="sub-0", depth=2)]
-    r.segments[3].valid = False  # a failed grandchild masks the whole rollout
+    r.valid = False  # a failed grandchild makes the rollout invalid: every row is masked
     rows = to_rows([r])
     assert [row.thread for row in rows] == [MAIN_THREAD, "sub-0", "sub-0", "sub-0.0"]
     assert {row.reward for row in rows} == {0.5}

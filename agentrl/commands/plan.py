@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.train.preflight import run_checks
 
     config = load_config(args.config, args.overrides)
+    import_environments(config)
     print(describe_plan(plan_batches(config)))
     print(describe_lr(config))
     rollout = config.rollout
@@ -49,6 +50,32 @@ def run(args: argparse.Namespace) -> int:
     for line in run_checks(config):
         print(f"  {line}")
     return 0 if fits else 1
+
+
+def import_environments(config: Any) -> None:
+    """Import every environment's file or module (and a harness's callables) before the
+    plan prints, so an import error is the one line it prints (a ConfigError per failure:
+    the setting, the file, its line and the missing module)."""
+    from agentrl.config import ConfigError
+    from agentrl.envs.registry import load_object, resolve
+
+    failures = []
+    for index, env in enumerate(config.environments):
+        harness = env.harness
+        targets = {f"environments[{index}].id": env.id}
+        if harness is not None:
+            targets |= {f"environments[{index}].harness.run": harness.run,
+                        f"environments[{index}].harness.grader": harness.grader}
+        for what, target in targets.items():
+            try:
+                if what.endswith(".id"):
+                    resolve(target)
+                elif target:
+                    load_object(target, what)
+            except ValueError as exc:
+                failures.append(f"{what}: {exc}")
+    if failures:
+        raise ConfigError("\n".join(failures))
 
 
 def _memory_plan(config: Any, args: argparse.Namespace) -> bool:

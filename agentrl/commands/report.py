@@ -106,9 +106,7 @@ def describe_run(name: str, records: list[dict[str, Any]], metric: str,
                          f"{last[f'eval/{env}/accuracy']:.3f}")
     rewards = [r["reward/mean"] for r in records if r.get("reward/mean") is not None]
     if rewards:
-        k = min(10, len(rewards))
-        lines.append(f"  reward/mean, first {k} steps {sum(rewards[:k]) / k:.3f} → last {k} "
-                     f"steps {sum(rewards[-k:]) / k:.3f}")
+        lines.append(f"  reward/mean, {reward_trend(rewards)}")
     for decline in run_declines(records)[1]:
         lines.append(f"  ! {decline.message()}")
     if target is not None:
@@ -119,6 +117,19 @@ def describe_run(name: str, records: list[dict[str, Any]], metric: str,
             lines.append(f"  target {target}: reached between {_where(before)} and "
                          f"{_where(after)}")
     return "\n".join(lines)
+
+
+def reward_trend(rewards: list[float], window: int = 10) -> str:
+    """The mean reward of the first and of the last ``window`` steps, two windows that
+    never overlap (each at most half the run): a short run is not compared with itself,
+    and a run of one step says it is too short to compare."""
+    k = min(window, len(rewards) // 2)
+    if k == 0:
+        return (f"{rewards[0]:.3f} in the run's only step (too short to compare a first "
+                "and a last window)")
+    steps = f"{k} steps" if k > 1 else "step"
+    return (f"first {steps} {sum(rewards[:k]) / k:.3f} → last {steps} "
+            f"{sum(rewards[-k:]) / k:.3f}")
 
 
 def _where(record: dict[str, Any] | None) -> str:

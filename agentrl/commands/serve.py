@@ -168,7 +168,8 @@ def _serve_builtin(config: Any, args: argparse.Namespace, token: str | None) -> 
                                  dtype=engine_dtype(config))
     server = EngineServer(engine, tokenizer, model_name=model_dir.name, token=token)
     chat = ChatServer(engine, tokenizer, model_dir.name,
-                      open_session=serving_sessions(engine, tokenizer, config.rollout))
+                      open_session=serving_sessions(engine, tokenizer, config.rollout),
+                      aliases=(config.endpoint.model_name,))  # or the name training serves
     host = connectable_host(args.host)
     url = f"http://[{host}]" if ":" in host else f"http://{host}"
 

@@ -19,7 +19,7 @@ when a sync installs the first version while it runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -98,9 +98,8 @@ class AdapterVersions:
 
     def keep(self, in_use: set[int]) -> None:
         """Drop every version but the newest and those running requests use."""
-        for version in list(self.live):
-            if version != self.newest and version not in in_use:
-                del self.live[version]
+        for version in unused_versions(self.live, self.newest, in_use):
+            del self.live[version]
 
     # ------------------------------------------------------------------ forwards
 
@@ -146,6 +145,13 @@ class AdapterVersions:
         module_name = tensor_name.rsplit(".", 2)[0]
         weight = self.modules[module_name].weight
         return weight.device, weight.dtype
+
+
+def unused_versions(live: Iterable[int], newest: int | None,
+                    in_use: Container[int]) -> list[int]:
+    """The adapter versions an engine drops: every live one but the newest and those
+    running requests use (the one rule of the built-in engine and of vLLM)."""
+    return [v for v in live if v != newest and v not in in_use]
 
 
 def complete_update(received: dict[str, torch.Tensor] | None, expected: Iterable[str],

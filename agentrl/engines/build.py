@@ -9,7 +9,6 @@ memory plan the engine's share.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +63,6 @@ def replica_gpus(index: int, placement: str, tensor_parallel_size: int,
                          f"{gpus} but there are {where}; lower rollout.num_engines or "
                          "tensor_parallel_size, or change the placement")
     return gpus
-
-
-def physical_gpus(gpus: list[int]) -> str:
-    """The CUDA_VISIBLE_DEVICES value naming ``gpus`` (indices as this process sees them)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    names = visible.split(",") if visible else [str(i) for i in range(max(gpus) + 1)]
-    return ",".join(names[g].strip() for g in gpus)
 
 
 def engine_dtype(config: Config) -> torch.dtype:

@@ -94,16 +94,20 @@ class ChatServer:
                  open_session: Callable[[str], ChatSession | None] | None = None,
                  max_sessions: int = 4096, max_request_bytes: int = 8 * 2**20,
                  session_idle_s: float = 3600.0, max_session_requests: int = 256,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """``model_name``: the only model requests may name; ``open_session(id)``: a
-        session for an id not registered with :meth:`add` (None: refuse unknown ids), the
-        oldest of those forgotten past ``max_sessions``, any forgotten after
+                 clock: Callable[[], float] = time.monotonic,
+                 aliases: tuple[str, ...] = ()) -> None:
+        """``model_name``: the model requests name (``/v1/models`` lists it); ``aliases``:
+        other names requests may give for it (``agentrl serve``: the training endpoint's
+        ``endpoint.model_name``, so one program runs against both); ``open_session(id)``:
+        a session for an id not registered with :meth:`add` (None: refuse unknown ids),
+        the oldest of those forgotten past ``max_sessions``, any forgotten after
         ``session_idle_s`` seconds without a request, renewed after
         ``max_session_requests`` requests; ``max_request_bytes``: the largest request
         body (413 past it, before parsing)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.model_names = (model_name, *(a for a in aliases if a != model_name))
         self.open_session = open_session
         self.max_sessions = max_sessions
         self.max_request_bytes = max_request_bytes
@@ -161,10 +165,11 @@ class ChatServer:
     def _begin(self, session: ChatSession, body: bytes) -> tuple[ChatRequest, Any]:
         """Parse, check and place one request: its ChatRequest and turn."""
         chat = parse_chat_request(_json(body))
-        if chat.model != self.model_name:
+        if chat.model not in self.model_names:
+            names = " or ".join(repr(n) for n in self.model_names)
             raise ChatError(404, "model_not_found", f"the model {chat.model!r} is not "
-                            f"served here; this endpoint serves {self.model_name!r} (the "
-                            "client config's model, OPENAI_MODEL)", "model")
+                            f"served here; this endpoint serves {names} (the client "
+                            "config's model, OPENAI_MODEL)", "model")
         return chat, session.begin(chat)
 
     def _session(self, session_id: str | None) -> ChatSession:

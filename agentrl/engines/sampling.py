@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.model.logprobs import scaled_logits, target_logprobs
+from agentrl.model.logprobs import scaled_logits
 
 
 def scaled_logprobs(logits_v: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -34,23 +34,6 @@ def top_p_mask(probs_v: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tens
     keep_sorted = mass_before < top_p
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     return torch.where(keep, probs_v, torch.zeros_like(probs_v))
-
-
-def sample_token(
-    logits_v: torch.Tensor,
-    temperature: float,
-    top_p: float,
-    generator: torch.Generator | None,
-) -> tuple[int, float]:
-    """Draw one token from 1-D logits; return (token id, its log-prob as documented above,
-    through the trainer's own definition ``agentrl.model.logprobs.target_logprobs``)."""
-    if temperature <= 0:
-        token = int(torch.argmax(logits_v))
-    else:
-        probs_v = top_p_mask(scaled_logprobs(logits_v, temperature).exp(), top_p)
-        token = int(torch.multinomial(probs_v, 1, generator=generator))
-    logprob = target_logprobs(logits_v, torch.tensor(token), temperature)
-    return token, float(logprob)
 
 
 def sample_rows(

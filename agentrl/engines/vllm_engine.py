@@ -140,8 +140,12 @@ class VLLMEngine:
         ``lora`` (a LoRAConfig): serve LoRA adapters on the frozen base, up to
         ``max_adapter_versions`` at once, synced adapter-only (``agentrl.engines.vllm_lora``).
         ``engine_kwargs`` go to ``vllm.AsyncEngineArgs``."""
-        from agentrl.engines.build import physical_gpus
-        from agentrl.engines.vllm_sync import can_sleep, engine_env, transfer_backend
+        from agentrl.engines.vllm_sync import (
+            can_sleep,
+            engine_env,
+            physical_gpus,
+            transfer_backend,
+        )
 
         path = Path(path)
         if dtype not in ("float32", "bfloat16"):

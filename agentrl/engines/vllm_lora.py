@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from agentrl.config.settings import LoRAConfig
-from agentrl.engines.adapters import complete_update
+from agentrl.engines.adapters import complete_update, unused_versions
 from agentrl.engines.interface import WeightSyncError
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -130,8 +130,8 @@ class VLLMAdapters:
 
     def _drop_unused(self) -> None:
         with self._lock:
-            unused = [v for v in self._requests
-                      if v != self.newest and not self._users.get(v)]
+            unused = unused_versions(self._requests, self.newest,
+                                     {v for v, n in self._users.items() if n})
             requests = [self._requests.pop(v) for v in unused]
             for v in unused:
                 self._users.pop(v, None)

@@ -130,6 +130,13 @@ def can_sleep() -> bool:
     return False
 
 
+def physical_gpus(gpus: list[int]) -> str:
+    """The CUDA_VISIBLE_DEVICES value naming ``gpus`` (indices as this process sees them)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = visible.split(",") if visible else [str(i) for i in range(max(gpus) + 1)]
+    return ",".join(names[g].strip() for g in gpus)
+
+
 @contextlib.contextmanager
 def engine_env(**values: str | None) -> Iterator[None]:
     """Environment variables set (those given as None left alone) while vLLM starts its

@@ -12,10 +12,26 @@ runs (a thread or a worker process), so they are top-level and pickle.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 from agentrl.envs.agent_env import Grade
 from agentrl.envs.registry import load_object
+
+PYTHON_NAMES = ("python", "python3")
+"""A command's first word that means the interpreter agentrl runs in."""
+
+
+def own_python(argv: Sequence[str]) -> list[str]:
+    """``argv`` with a leading ``python`` / ``python3`` replaced by the interpreter agentrl
+    runs in (``sys.executable``): the one rule for every command agentrl starts
+    (``harness.command``, an OpenEnv server's ``command``), so a program sees the packages
+    agentrl sees, whatever ``python`` the PATH would find."""
+    argv = [str(a) for a in argv]
+    if argv and argv[0] in PYTHON_NAMES:
+        argv[0] = sys.executable
+    return argv
 
 
 class HarnessProgram:

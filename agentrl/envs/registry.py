@@ -39,6 +39,7 @@ import importlib.util
 import re
 import sys
 import threading
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
@@ -210,28 +211,50 @@ _FILE_IMPORT_LOCK = threading.RLock()
 
 
 def _import(module_name: str, id_or_path: str) -> Any:
+    """The module a "file.py" or "package.module" part of an import path names; an import
+    that fails is one ValueError line naming the file (or module) and what was missing."""
     if module_name.endswith(".py"):
-        path = Path(module_name)
-        if not path.exists():
-            raise ValueError(f"{id_or_path!r}: file {path} does not exist")
-        key = "agentrl_user_env_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-        with _FILE_IMPORT_LOCK:  # rollouts build instances on many threads at once
-            if key in sys.modules:  # make() runs once per rollout: import the file once
-                return sys.modules[key]
-            spec = importlib.util.spec_from_file_location(key, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[key] = module  # the lock: no other thread sees it half-imported
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[key]
-                raise
-            return module
+        return _import_file(Path(module_name), id_or_path)
     try:
         return importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"{id_or_path!r}: cannot import {module_name} ({exc})") from None
 
+
+def _import_file(path: Path, id_or_path: str) -> Any:
+    """Import a user's file once per process, with its folder importable first (as Python
+    runs a script: ``from mylib import x`` finds ``mylib.py`` beside it)."""
+    if not path.exists():
+        raise ValueError(f"{id_or_path!r}: file {path} does not exist")
+    key = "agentrl_user_env_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    with _FILE_IMPORT_LOCK:  # rollouts build instances on many threads at once
+        if key in sys.modules:  # make() runs once per rollout: import the file once
+            return sys.modules[key]
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        spec = importlib.util.spec_from_file_location(key, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module  # the lock: no other thread sees it half-imported
+        try:
+            spec.loader.exec_module(module)
+        except ImportError as exc:
+            del sys.modules[key]
+            raise ValueError(import_failure(path, exc)) from None
+        except BaseException:
+            del sys.modules[key]
+            raise
+        return module
+
+
+def import_failure(path: Path, exc: ImportError) -> str:
+    """One line: the file, the line of it whose import failed, the missing module, the fix."""
+    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__)
+             if Path(frame.filename).resolve() == path.resolve()]
+    where = f"{path}, line {lines[-1]}" if lines else str(path)
+    missing = f"module {exc.name!r}" if exc.name else "a name"
+    return (f"{where}: cannot import {missing} ({type(exc).__name__}: {exc}); install it, "
+            f"or put it beside {path.name} (its folder is importable)")
 
 register_all()

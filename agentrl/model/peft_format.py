@@ -28,10 +28,15 @@ def is_adapter_folder(path: str | Path) -> bool:
 
 
 def peft_config(lora: LoRAConfig, base_model: str | Path) -> dict[str, object]:
-    """The ``adapter_config.json`` dict of a LoRA adapter for ``base_model``."""
+    """The ``adapter_config.json`` dict of a LoRA adapter for ``base_model``: a local
+    folder is recorded as its absolute path, so ``AutoPeftModelForCausalLM`` finds the
+    base from any working folder (a relative one resolves only where training ran); any
+    other name (a hub id) as given."""
+    local = Path(base_model)
     return {
         "peft_type": "LORA", "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": str(base_model), "revision": None,
+        "base_model_name_or_path": str(local.resolve() if local.is_dir() else base_model),
+        "revision": None,
         "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
         "target_modules": lora.target_modules, "bias": "none", "fan_in_fan_out": False,
         "inference_mode": True, "init_lora_weights": True, "modules_to_save": None,

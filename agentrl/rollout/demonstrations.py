@@ -25,8 +25,7 @@ from agentrl.envs.demonstrations import (
 from agentrl.envs.tools import format_call
 from agentrl.rollout.compact_tool import COMPACT_TOOL
 from agentrl.rollout.compaction import SUMMARY_REQUEST
-from agentrl.rollout.harness_endpoint import session_rollout_id
-from agentrl.rollout.subagents import split_thread_key
+from agentrl.rollout.request_keys import is_session, split_key
 from agentrl.sampler import EnvironmentSampler, TaskDraw
 from agentrl.types import MAIN_THREAD, Rollout
 
@@ -60,8 +59,7 @@ class DemoEngine:
         """Rollout id → (environment name, environment, policy): filled by the runner's
         factory as it builds each rollout's instance (``episode.CURRENT_ROLLOUT``); the
         engine's requests carry the rollout id as their key (a subagent thread's key adds
-        its thread id: ``agentrl.rollout.subagents.thread_key``; an agent program's
-        requests, its session's id: ``harness_endpoint.session_rollout_id``)."""
+        its thread id, an agent program's its session: ``agentrl.rollout.request_keys``)."""
         self.requests: Counter[str] = Counter()
         """Agent programs' session id → requests answered (the next action's index)."""
         self.asked_at: dict[str, int] = {}
@@ -80,10 +78,10 @@ class DemoEngine:
         ValueError, which the runner turns into an invalid rollout with that reason.
         """
         key = key or ""
-        rollout_id, thread_id = split_thread_key(key)
-        program = rollout_id not in self.playing
+        rollout_id, thread_id = split_key(key)
+        program = is_session(thread_id)
         if program:  # an agent program's request: its key is its session's id
-            rollout_id, thread_id = session_rollout_id(key), MAIN_THREAD
+            thread_id = MAIN_THREAD
         if rollout_id not in self.playing:
             raise ValueError(f"request key {key!r} names no rollout being demonstrated")
         name, env, policy = self.playing[rollout_id]
@@ -145,7 +143,7 @@ class DemoEngine:
     def compacts_on_its_own(self, key: str) -> bool:
         """Whether the rollout of this request key is one of the ``compact_share`` that
         call ``compact`` themselves (a stable draw from the rollout id)."""
-        rollout_id, _ = split_thread_key(key)
+        rollout_id, _ = split_key(key)
         return zlib.crc32(rollout_id.encode()) / 2**32 < self.compact_share
 
     def _asks_for_summary(self, prompt_ids: list[int]) -> bool:

@@ -230,6 +230,17 @@ def _call_problem(call: Any, thread_id: str, known: set[str]) -> str | None:
     return None
 
 
+def scaled_reward(env: str, reward: float, scale: float) -> tuple[float, EnvError | None]:
+    """(reward × scale, None), or (0.0, a ``bad_reward`` error) when the product is not
+    finite (a sum past the float range, a nan/inf ``reward_scale``): the one guard of
+    every rollout's reward; the 0.0 keeps an invalid rollout's reward comparable."""
+    scaled = reward * scale
+    if math.isfinite(scaled):
+        return scaled, None
+    return 0.0, EnvError("bad_reward", f"env {env!r}: the rollout's reward {reward!r} x "
+                         f"reward_scale {scale!r} = {scaled!r}; expected a finite float")
+
+
 def finite_float(value: Any) -> float | None:
     """The value as a finite float when it is a real number (bool, int, float, numpy
     scalar); None for anything else, for NaN, ±inf and ints past the float range."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import shutil
 import tempfile
 import warnings
@@ -30,15 +29,8 @@ from agentrl.engines.interface import SamplingParams
 from agentrl.rollout.chat_style import stop_ids_of
 from agentrl.rollout.harness_session import HarnessSession, SessionLimits
 from agentrl.rollout.metering import MeteredEngine
+from agentrl.rollout.request_keys import new_session_key
 from agentrl.staleness import generation_versions
-
-SESSION_SEPARATOR = "-"
-"""Between a rollout's id and the secret in its session id (``<rollout id>-<secret>``)."""
-
-
-def session_rollout_id(session_id: str) -> str:
-    """The rollout id a session id of :meth:`HarnessEndpoint.open` was made from."""
-    return session_id.rpartition(SESSION_SEPARATOR)[0]
 
 
 class HarnessEndpoint:
@@ -102,7 +94,7 @@ class HarnessEndpoint:
     def open(self, rollout_id: str, sampling_seed: int | None,
              max_requests: int | None = None) -> HarnessSession:
         """A new session for one rollout, registered under a fresh secret id."""
-        session_id = f"{rollout_id}{SESSION_SEPARATOR}{secrets.token_hex(8)}"
+        session_id = new_session_key(rollout_id)  # the program's API key: unguessable
         rollout = self.rollout
         limits = SessionLimits(max_requests or rollout.max_turns, rollout.max_new_tokens,
                                rollout.max_rollout_tokens)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import math
 import os
 import shlex
 import shutil
@@ -31,8 +30,8 @@ import tempfile
 from typing import Any
 
 from agentrl.config import HarnessConfig, RolloutConfig
-from agentrl.envs.harness import HarnessProgram, play_task
-from agentrl.rollout.env_contract import EnvError, describe
+from agentrl.envs.harness import HarnessProgram, own_python, play_task
+from agentrl.rollout.env_contract import EnvError, describe, scaled_reward
 from agentrl.rollout.env_guard import GuardedEnv, ProcessCaller, ThreadCaller
 from agentrl.rollout.harness_endpoint import HarnessEndpoint
 from agentrl.rollout.harness_session import HarnessSession
@@ -86,13 +85,10 @@ def _rollout(spec: RolloutSpec, session: HarnessSession | None, reward: float,
             num_turns=session.num_completions, num_compactions=len(compactions),
             num_generated_tokens=sum(s.num_generated_tokens for s in segments),
             compactions=compactions, num_drift=session.num_drift, spend=session.spend)
-    scaled = reward * spec.reward_scale
-    if failure is None and not math.isfinite(scaled):
-        failure = EnvError("bad_reward", f"env {spec.env!r}: reward {reward!r} x reward_scale "
-                           f"{spec.reward_scale!r} = {scaled!r}; expected a finite float")
+    scaled, bad = scaled_reward(spec.env, reward, spec.reward_scale)
+    failure = failure or bad
     if failure is not None:
         stats.error, stats.error_kind = str(failure), failure.kind
-        scaled = 0.0 if not math.isfinite(scaled) else scaled
     return Rollout(rollout_id=spec.rollout_id, group_id=spec.group_id, env=spec.env,
                    segments=segments, reward=scaled, valid=failure is None, stats=stats,
                    reward_components=components, threads=threads), failure
@@ -246,14 +242,15 @@ def _command_line(harness: HarnessConfig, task: dict[str, Any], client: dict[str
            "OPENAI_API_KEY": client["api_key"],
            "OPENAI_MODEL": client["model"], "AGENTRL_TASK": json.dumps(task),
            "AGENTRL_ANSWER_FILE": os.path.join(own_dir, ANSWER_FILE)}
+    command = own_python(harness.command)  # "python": agentrl's interpreter, as OpenEnv's
     if not harness.sandbox:
-        return list(harness.command), {**os.environ, **env}, {}
+        return command, {**os.environ, **env}, {}
     from agentrl.sandbox.program import INSIDE, inside_base_url, sandboxed_program
 
     assert endpoint.socket_path is not None  # started with unix_socket=True
     env.update(OPENAI_BASE_URL=inside_base_url(),
                AGENTRL_ANSWER_FILE=f"{INSIDE}/{ANSWER_FILE}")
-    argv, popen = sandboxed_program(list(harness.command), endpoint.socket_path, own_dir,
+    argv, popen = sandboxed_program(command, endpoint.socket_path, own_dir,
                                     os.path.abspath(harness.cwd or "."), env,
                                     harness.max_open_files, harness.max_processes)
     return argv, {}, popen

@@ -17,7 +17,6 @@ Turn limits: the rollout ends at whichever limit comes first, the environment's 
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +35,7 @@ from agentrl.rollout.compact_tool import (
 )
 from agentrl.rollout.compaction import Compacted, make_compactor, restart_from_summary
 from agentrl.rollout.context import ChatContext, TemplateRenderError, TemplateRewrite
-from agentrl.rollout.env_contract import EnvError
+from agentrl.rollout.env_contract import EnvError, scaled_reward
 from agentrl.rollout.env_guard import GuardedEnv
 from agentrl.rollout.facts import FactTracker
 from agentrl.rollout.metering import MeteredEngine
@@ -112,12 +111,9 @@ class RolloutPlayer:
         self.stats.tool_errors = dict(self.tool_errors)
         self.stats.num_generated_tokens = sum(s.num_generated_tokens for s in segments)
         spec = self.spec
-        reward = self.reward * spec.reward_scale
-        if not math.isfinite(reward):  # a sum past the float range, or reward_scale nan/inf
-            self.fail(EnvError("bad_reward", f"env {spec.env!r}: the rollout's reward "
-                               f"{self.reward!r} x reward_scale {spec.reward_scale!r} = "
-                               f"{reward!r}; expected a finite float"))
-            reward = 0.0  # an invalid rollout still carries a reward that compares equal
+        reward, bad = scaled_reward(spec.env, self.reward, spec.reward_scale)
+        if bad is not None:
+            self.fail(bad)
         return Rollout(
             rollout_id=spec.rollout_id, group_id=spec.group_id, env=spec.env,
             segments=segments, reward=reward,

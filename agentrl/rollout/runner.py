@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import random
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from agentrl.rollout.episode import EnvSource, isolation_of, play_episode
 from agentrl.rollout.failures import MASKED, RETRY, FailureRules, retry_id
 from agentrl.rollout.health import InvalidLog
 from agentrl.rollout.multi_turn import RolloutSpec
+from agentrl.rollout.seeds import derived_seed
 from agentrl.types import Group, Rollout
 
 STALL_LIMIT_S = 1.0
@@ -144,7 +144,7 @@ class RolloutRunner:
         rollouts = await asyncio.gather(*(
             self._rollout(env_config, RolloutSpec(
                 rollout_id=f"{group_id}-r{j}", group_id=group_id, env=env_name,
-                task_seed=task_seed, sampling_seed=_seed_of(f"{group_id}-r{j}", task_seed),
+                task_seed=task_seed, sampling_seed=derived_seed(task_seed, f"{group_id}-r{j}"),
                 reward_scale=env_config.reward_scale,
             ))
             for j in range(size)
@@ -168,7 +168,7 @@ class RolloutRunner:
         for attempt in range(self.rules.max_retries + 1):
             tried = spec if attempt == 0 else msgspec.structs.replace(
                 spec, rollout_id=retry_id(spec.rollout_id, attempt),
-                sampling_seed=_seed_of(retry_id(spec.rollout_id, attempt), spec.task_seed))
+                sampling_seed=derived_seed(spec.task_seed, retry_id(spec.rollout_id, attempt)))
             rollout = await self._attempt(env_config, tried)
             rollout.retry_of = None if attempt == 0 else spec.rollout_id
             outcome = self.rules.outcome(rollout)
@@ -327,11 +327,6 @@ def _plain(counts: dict[str, Counter[str]]) -> dict[str, dict[str, int]]:
 
 def _count(groups: list[Group]) -> int:
     return sum(len(g.rollouts) for g in groups)
-
-
-def _seed_of(rollout_id: str, task_seed: int) -> int:
-    """A sampling seed fixed by the rollout's id and task: reproducible, batch-independent."""
-    return random.Random(f"{task_seed}:{rollout_id}").getrandbits(31)
 
 
 async def _as_completed(coros: list[Any], in_launch_order: bool = False):

@@ -5,8 +5,8 @@ When a thread's step asks for subagents (``info["subagent_calls"]``, the protoco
 own: the same multi-turn loop as the main thread
 (:class:`agentrl.rollout.multi_turn.RolloutPlayer`) over a :class:`ThreadView` of the
 environment, with its own context window and compactor, its engine requests keyed by the
-thread (:func:`thread_key`: the router keeps each thread on one replica, its prefix
-cache) and its own budgets: turns ``min(rollout.max_turns, the call's max_turns)``,
+thread (:mod:`agentrl.rollout.request_keys`: the router keeps each thread on one replica,
+its prefix cache) and its own budgets: turns ``min(rollout.max_turns, the call's max_turns)``,
 generated tokens ``min(rollout.max_subagent_tokens, the call's max_tokens)``. The calls
 of one step run concurrently; their answers go back through ``complete_step`` and the
 parent's turn goes on.
@@ -38,7 +38,6 @@ thread's first, then each subagent's in thread-id order; ``Rollout.threads`` is 
 from __future__ import annotations
 
 import asyncio
-import random
 import re
 from collections import Counter
 from typing import Any
@@ -49,26 +48,13 @@ from agentrl.config import CompactionConfig, RolloutConfig
 from agentrl.engines.interface import InferenceEngine
 from agentrl.envs.subagents import SubagentCall, SubagentResult
 from agentrl.rollout.env_contract import EnvError, StepResult
+from agentrl.rollout.request_keys import request_key
+from agentrl.rollout.seeds import derived_seed
 from agentrl.types import MAIN_THREAD, Message, Rollout, RolloutStats, Thread
 
 _NO_ANSWER = {"max_turns": "max_turns", "env": "max_turns", "max_rollout_tokens": "max_tokens",
               "context_budget": "context_budget", "max_compactions": "max_compactions"}
 """A subagent thread's truncation reason -> its failure reason."""
-KEY_SEPARATOR = "#"
-
-
-def thread_key(rollout_id: str, thread_id: str) -> str:
-    """The engine request key of a thread: the rollout's id for the main thread,
-    ``<rollout id>#<thread id>`` for a subagent (so each thread keeps its replica)."""
-    return rollout_id if thread_id == MAIN_THREAD else f"{rollout_id}{KEY_SEPARATOR}{thread_id}"
-
-
-def split_thread_key(key: str) -> tuple[str, str]:
-    """``(rollout id, thread id)`` of a request key made by :func:`thread_key`."""
-    rollout_id, separator, thread_id = key.rpartition(KEY_SEPARATOR)
-    return (rollout_id, thread_id) if separator else (key, MAIN_THREAD)
-
-
 def thread_order(thread_id: str) -> list[int]:
     """Sort key of thread ids: "2" < "2.1" < "10"."""
     return [int(part) for part in re.findall(r"\d+", thread_id)]
@@ -214,8 +200,9 @@ class RolloutTree:
             self.rollout, max_rollout_tokens=max_tokens,
             max_turns=min(self.rollout.max_turns, call.max_turns or self.rollout.max_turns))
         spec = msgspec.structs.replace(
-            self.spec, rollout_id=thread_key(self.spec.rollout_id, call.thread_id),
-            sampling_seed=_thread_seed(self.spec.sampling_seed, call.thread_id),
+            self.spec, rollout_id=request_key(self.spec.rollout_id, call.thread_id),
+            sampling_seed=None if self.spec.sampling_seed is None else derived_seed(
+                self.spec.sampling_seed, call.thread_id),
             reward_scale=1.0)
         player = self.player_class(spec, view, self.engine, self.tokenizer, config,
                                    self.compaction)
@@ -302,11 +289,6 @@ def _raised_text(call: SubagentCall, failure: EnvError) -> str:
     why = str(failure).split(" raised ", 1)[-1]
     return (f"the subagent {call.name} (thread {call.thread_id}) gave no answer: its "
             f"environment step raised {why}.")
-
-
-def _thread_seed(seed: int | None, thread_id: str) -> int | None:
-    """A sampling seed for a subagent thread, fixed by the rollout's seed and the id."""
-    return None if seed is None else random.Random(f"{seed}:{thread_id}").getrandbits(31)
 
 
 def _add_thread_counts(total: RolloutStats, threads: list[RolloutStats]) -> None:

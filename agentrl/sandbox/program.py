@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 from agentrl.sandbox.bwrap import find_bwrap, host_uid
-from agentrl.sandbox.interpreter import NOBODY, sandbox_interpreter
+from agentrl.sandbox.interpreter import NOBODY, reachable, sandbox_interpreter
 from agentrl.sandbox.seccomp import unix_socket_filter
 from agentrl.sandbox.types import SandboxUnavailableError
 
@@ -126,6 +127,26 @@ def sandboxed_program(command: list[str], socket_path: str, own_dir: str, cwd: s
              str(PORT_INSIDE), json.dumps(confinement), *command]
     as_nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
     return argv, as_nobody if host_uid() != os.geteuid() else {}
+
+
+def unreadable_program(program: str, cwd: str) -> str | None:
+    """Why the sandbox's user could not start ``program`` (a path, or a name on PATH):
+    the file it resolves to, through any symlink, lies where that uid cannot read, and
+    every rollout would fail with PermissionError naming the link; None when it can."""
+    found = program if os.sep in program else shutil.which(program)
+    if found is None:
+        return None  # no such program: said elsewhere
+    path = os.path.abspath(os.path.join(cwd, found))
+    target, uid = os.path.realpath(path), host_uid()
+    if reachable(target, uid):
+        return None
+    link = f"{path} is a symlink to {target}, which lies" if target != path else f"{path} lies"
+    usable = sandbox_interpreter(uid)
+    fix = (f"give an interpreter it can read (e.g. {usable.executable}, with only the "
+           "standard library) or " if usable is not None else "")
+    return (f"{program!r}: {link} in a folder the sandbox's uid {uid} cannot read, so "
+            f"every rollout would fail with PermissionError; fix: {fix}install the program "
+            "and its interpreter where others can read them (not under /root)")
 
 
 def inside_base_url() -> str:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from agentrl.packing import collate
+from agentrl.train.update import target_scores
 from agentrl.types import Row
 
 
@@ -50,8 +51,8 @@ def copy_pretrain(model: torch.nn.Module, num_tokens: int, num_steps: int, lr: f
     for step in range(num_steps):
         rows = copy_rows(rng, num_tokens, max_span=max_span, max_gap=max_gap)
         batch = collate(rows, [0.0] * len(rows), list(range(len(rows))))
-        logprobs = model(batch.input_ids, batch.position_ids, batch.cu_seqlens,
-                         targets=batch.target_ids).logprobs
+        # the RL update's forward: the LM head only at the repeat's tokens, no entropy
+        logprobs = target_scores(model, batch, with_entropy=False).logprobs
         loss = -(logprobs * batch.loss_mask).sum() / batch.loss_mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

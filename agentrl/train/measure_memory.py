@@ -26,7 +26,7 @@ from torch import nn
 from agentrl.config import Config, LossConfig
 from agentrl.loss import entropy, policy_loss, token_logprobs
 from agentrl.model import CausalLM, ModelArgs
-from agentrl.model.model import DecoderLayer
+from agentrl.model.layers import DecoderLayer
 from agentrl.packing import MicroBatch, collate
 from agentrl.parallel.caches import trim_host_heap
 from agentrl.types import Row

@@ -400,7 +400,9 @@ def check_harnesses(pf: Preflight) -> str:
     program exists (docs/harnesses.md)."""
     import shutil
 
+    from agentrl.envs.harness import own_python
     from agentrl.envs.registry import load_object
+    from agentrl.sandbox.program import unreadable_program
 
     lines, errors = [], []
     for env in pf.config.environments:
@@ -415,11 +417,15 @@ def check_harnesses(pf: Preflight) -> str:
         except Exception as exc:  # noqa: BLE001 - a user file may raise anything
             errors.append(f"environment {name!r}: harness: {_one_line(exc)}")
             continue
-        program = harness.command[0] if harness.command else ""
+        program = own_python(harness.command)[0] if harness.command else ""
         if program and shutil.which(program, path=None) is None and not Path(
                 harness.cwd or ".", program).is_file():
             errors.append(f"environment {name!r}: harness.command: no program {program!r} "
                           "(not on PATH, not a file); give its path")
+            continue
+        if program and harness.sandbox and (why := unreadable_program(program,
+                                                                      harness.cwd or ".")):
+            errors.append(f"environment {name!r}: harness.command: {why}")
             continue
         runs = harness.run or " ".join(harness.command)
         lines.append(f"{name} runs {runs}" + (" in the sandbox" if harness.sandbox else ""))

@@ -27,6 +27,7 @@ from agentrl.packing import collate, pack
 from agentrl.reassembler import to_rows
 from agentrl.rollout.demonstrations import play_demonstrations
 from agentrl.rollout.template_check import prepare_chat
+from agentrl.train.update import target_scores
 from agentrl.types import Rollout, Row
 
 # --------------------------------------------------------------------------- training
@@ -37,23 +38,27 @@ def sft_step(model: torch.nn.Module, rows: list[Row], optimizer: torch.optim.Opt
     """One optimizer step of token-level cross-entropy on the rows' generated tokens.
 
     Normalized like the RL loss: each generated token weighs 1 / (generated tokens in the
-    step), whatever the packing. Returns the mean loss per token.
+    step), whatever the packing. Returns the mean loss per token. The forward is the RL
+    update's (:func:`agentrl.train.update.target_scores`): the LM head and the last
+    layer's MLP run only at the generated tokens, no entropy, row bounds read on the host;
+    the loss is summed on the device and read back once.
     """
     ones = [1.0] * len(rows)
     batches = [collate(rows, ones, mb) for mb in pack([len(r.token_ids) for r in rows],
                                                       max_tokens)]
     num_tokens = max(sum(mb.num_tokens for mb in batches), 1)
+    device = next(model.parameters()).device
     optimizer.zero_grad(set_to_none=True)
-    total = 0.0
+    total = torch.zeros((), dtype=torch.float64, device=device)
     for mb in batches:
-        logprobs = model(mb.input_ids, mb.position_ids, mb.cu_seqlens,
-                         targets=mb.target_ids).logprobs
+        mb = mb.to(device)
+        logprobs = target_scores(model, mb, with_entropy=False).logprobs
         loss = -(logprobs * mb.loss_mask).sum() / num_tokens
         loss.backward()
-        total += float(loss.detach())
+        total += loss.detach()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
-    return total
+    return float(total)
 
 
 def sft_lr(step: int, num_steps: int, peak: float, warmup_steps: int,
@@ -234,7 +239,8 @@ def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str |
             f"{sum(r.num_generated_tokens for r in rows)} generated tokens")
         optimizer = torch.optim.AdamW(model.parameters(), lr=ws.lr)
         rng = random.Random(ws.seed)
-        budget = max(len(r.token_ids) for r in rows) * 4
+        # the RL update's micro-batch budget (fewer, larger packs), or the longest row
+        budget = max(config.batch.max_tokens_per_microbatch, *(len(r.token_ids) for r in rows))
         for step in range(ws.num_steps):
             for group in optimizer.param_groups:
                 group["lr"] = sft_lr(step, ws.num_steps, ws.lr, ws.warmup_steps,

@@ -191,13 +191,12 @@ def boundary_note(index: int, segment: Segment) -> str | None:
 
 def invalid_reason(rollout: Rollout) -> str | None:
     """Why a rollout is masked: its error ("<kind>: <message>" when the kind is named), or
-    a bad segment; None if valid."""
+    "marked invalid" when it has none; None if valid."""
     stats = rollout.stats
     if stats.error:
         return f"{stats.error_kind}: {stats.error}" if stats.error_kind else stats.error
     if not rollout.trainable:
-        bad = [i for i, s in enumerate(rollout.segments) if not s.valid]
-        return f"row(s) {bad} marked invalid" if bad else "marked invalid"
+        return "marked invalid"
     return None
 
 
@@ -229,7 +228,7 @@ def _row_record(index: int, segment: Segment, advantage: float, tokenizer: Any) 
     return RowRecord(
         index=index, advantage=float(advantage), num_tokens=len(segment.token_ids),
         num_prompt_tokens=segment.num_prompt_tokens,
-        num_generated_tokens=segment.num_generated_tokens, valid=segment.valid, spans=spans,
+        num_generated_tokens=segment.num_generated_tokens, spans=spans,
         policy_versions=policy_versions(segment), thread=segment.thread,
         compaction=boundary_note(index, segment),
     )

@@ -5,6 +5,7 @@ directly, pass ``check-env`` and train for a step."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -133,3 +134,39 @@ def _toml(value) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     return json.dumps(value)
+
+
+SEARCH_ROW = {"prompt": [{"role": "user", "content": "Who wrote Hamlet?"}],
+              "reward_spec": {"ground_truth": {"target": ["Shakespeare"]}}}
+
+
+def test_search_fills_skyrls_own_config_defaults():
+    """Two of SearchEnvConfig's four fields given: the other two are SkyRL's defaults."""
+    env = make("skyrl/search", tasks=[SEARCH_ROW],
+               env_config={"search_url": "http://127.0.0.1:9/retrieve", "topk": 2})
+    env.reset(seed=0)
+    assert dict(env.env_config) == {"log_requests": False, "topk": 2, "timeout": 30,
+                                    "search_url": "http://127.0.0.1:9/retrieve"}
+    assert env.inner.tool_group is not None
+    env.close()
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"env": "search", "env_config": {"serch_url": "x"}}, "'serch_url' not in 'SearchEnvConfig'"),
+    ({"env": "aime"}, "row 0 of tasks has no reward_model.ground_truth"),
+    ({"env": "text2sql"}, "row 0 of tasks has no db_id"),
+])
+def test_a_missing_or_misspelled_field_is_one_line_naming_it(kwargs, words):
+    with pytest.raises(ValueError) as info:
+        make(f"skyrl/{kwargs['env']}", tasks=[SEARCH_ROW], env_config=kwargs.get("env_config"))
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_page_says_which_rows_each_environment_reads():
+    from agentrl.envs.adapters.skyrl import ROW_FIELDS
+
+    page = (ROOT / "docs" / "ecosystem.md").read_text()
+    table = dict(re.findall(r"^\| `skyrl/(\w+)` \| ([^|]+) \|", page, re.M))
+    assert set(ROW_FIELDS) == set(skyrl_gym.registry) == set(table)  # a new one: add it
+    for env, fields in ROW_FIELDS.items():
+        assert re.findall(r"`([^`]+)`", table[env]) == [f.replace("|", " or ") for f in fields]

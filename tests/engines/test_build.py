@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from agentrl.config import ConfigError, config_from_dict
-from agentrl.engines.build import engine_memory, physical_gpus, replica_gpus
+from agentrl.engines.build import engine_memory, replica_gpus
+from agentrl.engines.vllm_sync import physical_gpus
 from agentrl.parallel.fsdp import iter_full_parameters
 from agentrl.train.run import build_run
 from agentrl.train.trainer import train

@@ -191,3 +191,11 @@ def test_a_request_admitted_before_the_first_sync_finishes_on_the_base_model() -
     assert old.versions == [0] * 20 and new.versions == [1] * 6
     assert old.token_ids == alone_base.token_ids and old.logprobs == alone_base.logprobs
     assert new.token_ids == alone_new.token_ids and new.logprobs == alone_new.logprobs
+
+
+def test_the_drop_rule_keeps_the_newest_and_the_versions_in_use():
+    from agentrl.engines.adapters import unused_versions
+
+    assert unused_versions([1, 2, 3, 4], 4, {2}) == [1, 3]
+    assert unused_versions([4], 4, set()) == []
+    assert unused_versions([1, 2], None, {1}) == [2]  # before a newest: only use keeps

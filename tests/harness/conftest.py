@@ -14,6 +14,7 @@ from agentrl.config import config_from_dict
 from agentrl.engines.build import build_engines
 from agentrl.model import build_tiny_checkpoint, load_tokenizer, read_args
 from agentrl.rollout.build import build_runner, build_sampler
+from agentrl.rollout.request_keys import split_key
 
 HERE = Path(__file__).resolve().parent
 AGENTS = HERE / "agents"
@@ -85,7 +86,7 @@ def collect(config: Any, model_dir: Path, num_rollouts: int | None = None
 def assert_rows_hold_what_the_engine_saw(rollout: Any, calls: list) -> None:
     """Every request of the rollout: its prompt ids, then its generated ids (loss mask 1),
     stand at the start of one of the rollout's rows; no other token is trained."""
-    mine = [(p, g) for key, p, g in calls if key and key.startswith(rollout.rollout_id + "-")]
+    mine = [(p, g) for key, p, g in calls if key and split_key(key)[0] == rollout.rollout_id]
     assert mine, "the rollout made no request"
     for prompt, generated in mine:
         end = len(prompt) + len(generated)

@@ -55,7 +55,8 @@ def endpoint(tiny_dir):
     model = load_pretrained(tiny_dir, attention="torch").eval().requires_grad_(False)
     engine = TorchEngine(model, tokenizer, max_batch_size=4, max_len=512)
     rollout = RolloutConfig(max_new_tokens=8)
-    server = ChatServer(engine, tokenizer, "tiny", serving_sessions(engine, tokenizer, rollout))
+    server = ChatServer(engine, tokenizer, "tiny", serving_sessions(engine, tokenizer, rollout),
+                        aliases=("policy",))  # as `agentrl serve`: the training name too
     loop, port = serve_on_thread(server)
     yield f"http://127.0.0.1:{port}", server
     loop.call_soon_threadsafe(loop.stop)
@@ -84,6 +85,15 @@ def test_refusals_are_openai_error_objects(endpoint, call, error, code) -> None:
         call(client)
     assert info.value.body["code"] == code and info.value.body["message"]
     assert info.value.body["type"] == "invalid_request_error"
+
+
+def test_the_folders_name_and_the_training_name_are_both_served(endpoint) -> None:
+    client = openai.OpenAI(base_url=endpoint[0] + "/v1", api_key="names", max_retries=0)
+    for name in ("tiny", "policy"):  # a program written for training runs unchanged
+        assert client.chat.completions.create(model=name, messages=MESSAGES).choices
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    with pytest.raises(openai.NotFoundError, match="serves 'tiny' or 'policy'"):
+        client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
 
 
 def test_no_session_is_an_authentication_error(endpoint) -> None:

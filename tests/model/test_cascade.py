@@ -202,7 +202,7 @@ def plans(monkeypatch):
         seen.append((q.shape[0], plan))
         return attend(q, k, v, mask, plan)
 
-    monkeypatch.setattr("agentrl.model.model.cascade_attention", recorded)
+    monkeypatch.setattr("agentrl.model.layers.cascade_attention", recorded)
     monkeypatch.setattr("agentrl.model.cascade.MIN_SAVED_BYTES", 1)
     return seen
 

@@ -155,3 +155,16 @@ def test_adapter_shapes_from_the_config_equal_the_built_models(targets) -> None:
     built = {n: tuple(p.shape) for n, p in adapter_parameters(model)}
     assert adapter_shapes(ARGS, lora) == built
     assert list(adapter_shapes(ARGS, lora)) == list(built)  # same order: syncs and files
+
+
+def test_the_base_path_an_adapter_records_resolves_from_any_folder(tmp_path, monkeypatch):
+    """A base given relative to where training ran is recorded absolute (PEFT's loaders
+    then find it from anywhere); a name that is no local folder (a hub id) as given."""
+    (tmp_path / "assets" / "base").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    lora = LoRAConfig(rank=2, alpha=4.0)
+    folder = save_adapter("ckpt", {}, lora, "assets/base")
+    monkeypatch.chdir(tmp_path / "assets")  # somewhere else
+    assert read_adapter_config(tmp_path / folder)[1] == str(tmp_path / "assets" / "base")
+    save_adapter(tmp_path / "hub", {}, lora, "Qwen/Qwen2.5-0.5B")
+    assert read_adapter_config(tmp_path / "hub")[1] == "Qwen/Qwen2.5-0.5B"

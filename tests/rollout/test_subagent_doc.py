@@ -9,10 +9,8 @@ import sys
 from pathlib import Path
 
 from agentrl.config import CompactionConfig, RolloutConfig
-from agentrl.envs import format_call
 from agentrl.rollout.demonstrations import DemoEngine
 from agentrl.rollout.multi_turn import RolloutSpec, play_rollout
-from agentrl.types import MAIN_THREAD
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,15 +29,8 @@ def page_example() -> type:
 
 
 def scripted(env, thread_id: str) -> str:
-    """The main thread asks; the reader plays LogSearch's own scripted policy."""
-    messages = env.thread_history(thread_id)
-    if thread_id == MAIN_THREAD:
-        tools = [m for m in messages if m.role == "tool"]
-        if not tools:
-            return format_call("ask_reader", question="Which service failed?")
-        return f"<answer>{tools[-1].content}</answer>"
-    reply = env.demonstrate(messages)
-    return reply.removeprefix("<answer>").removesuffix("</answer>").strip()
+    """The page's own demonstrate() plays every thread of the tree."""
+    return env.demonstrate(env.thread_history(thread_id))
 
 
 def test_the_pages_subagent_example_plays_a_tree(tokenizer) -> None:

@@ -22,7 +22,12 @@ from agentrl.observe.metrics import subagent_figures
 from agentrl.reassembler import check_reward_copies, to_rows
 from agentrl.rollout.episode import EnvSource, play_episode
 from agentrl.rollout.multi_turn import RolloutSpec, play_rollout
-from agentrl.rollout.subagents import split_thread_key, thread_key
+from agentrl.rollout.request_keys import (
+    is_session,
+    new_session_key,
+    request_key,
+    split_key,
+)
 from agentrl.staleness import StalenessError, check_bound, oldest_version
 from agentrl.types import MAIN_THREAD, Group
 from tests.rollout.subagent_stand_ins import READER, Archive, TextPolicyEngine
@@ -92,12 +97,15 @@ def test_calls_of_one_turn_run_concurrently_each_thread_on_one_replica(tokenizer
     for index, replica in enumerate(replicas):
         for key in replica.keys:
             served.setdefault(key, set()).add(index)
-    assert set(served) == {SPEC.rollout_id, *(thread_key(SPEC.rollout_id, t)
+    assert set(served) == {SPEC.rollout_id, *(request_key(SPEC.rollout_id, t)
                                               for t in ("1", "2", "3", "4"))}
     assert all(len(where) == 1 for where in served.values())  # router affinity per thread
     assert len({next(iter(w)) for w in served.values()}) == 2  # the threads spread out
-    assert split_thread_key(thread_key("r7", "2.1")) == ("r7", "2.1")
-    assert split_thread_key("r7") == ("r7", MAIN_THREAD)
+    assert split_key(request_key("r7", "2.1")) == ("r7", "2.1")
+    assert split_key("r7") == ("r7", MAIN_THREAD)
+    rollout_id, part = split_key(new_session_key("s0-g0-r1"))  # an agent program's key:
+    assert rollout_id == "s0-g0-r1" and is_session(part)  # the same format, a session
+    assert not is_session(split_key(request_key("s0-g0-r1", "2.1"))[1])
 
 
 def test_each_thread_has_its_own_context_window_and_compaction(tokenizer) -> None:

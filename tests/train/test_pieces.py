@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from agentrl.commands.report import describe_run, plot_runs, smoothed, target_bracket
+from agentrl.commands.report import (
+    describe_run,
+    plot_runs,
+    reward_trend,
+    smoothed,
+    target_bracket,
+)
 from agentrl.config import OptimConfig
 from agentrl.config.schedule import lr_factor
 from agentrl.observe.writers import JsonlWriter, read_metrics
@@ -120,6 +126,18 @@ def test_target_bracket_is_first_hit_and_eval_before() -> None:
     assert before is None and after["step"] == 1
     assert target_bracket(records, "eval/accuracy", 0.9)[1] is None
     assert "between step 3 (24 rollouts" in describe_run("r", records, "eval/accuracy", 0.5)
+
+
+def test_the_reward_windows_never_overlap() -> None:
+    """A short run is not compared with itself: each window is at most half the run."""
+    assert reward_trend([0.0, 1.0, 2.0, 3.0, 4.0, 5.0]) == (
+        "first 3 steps 1.000 → last 3 steps 4.000")
+    assert reward_trend([float(i) for i in range(25)]).startswith(
+        "first 10 steps 4.500 → last 10 steps 19.500")
+    assert reward_trend([0.0, 1.0, 2.0]) == "first step 0.000 → last step 2.000"
+    assert "too short to compare" in reward_trend([0.391])
+    assert "reward/mean, first step 0.000 → last step 0.100" in describe_run(
+        "r", _records([None, None]), "eval/accuracy", None)
 
 
 def test_report_writes_png(tmp_path) -> None:

@@ -71,3 +71,32 @@ def test_sft_lr_warms_up_then_decays_to_zero() -> None:
     assert sft_lr(15, 16, 2.0, 5, "constant") == 2.0
     with pytest.raises(ValueError, match="lr schedule 'step'"):
         sft_lr(0, 16, 1.0, 5, "step")
+
+
+def test_sft_step_runs_the_head_at_generated_tokens_only_with_the_plain_loss(tmp_path):
+    """The step takes the RL update's fast path (the LM head only at the generated tokens)
+    and its loss and gradient are those of the plain full-logits cross-entropy."""
+    import random
+
+    from agentrl.packing import collate
+    from agentrl.train.copy_pretrain import copy_rows
+
+    path = build_tiny_checkpoint(tmp_path / "m", hidden_size=32, num_layers=2, num_heads=2,
+                                 num_kv_heads=1, vocab_size=300)
+    rows = copy_rows(random.Random(0), 200, batch_size=6)
+    model = load_pretrained(path)
+    mb = collate(rows, [1.0] * len(rows), list(range(len(rows))))
+    logits = model(mb.input_ids, mb.position_ids, mb.cu_seqlens)  # [1, T, V], the reference
+    picked = logits.log_softmax(-1).gather(-1, mb.target_ids[..., None])[..., 0]
+    reference = -(picked * mb.loss_mask).sum() / mb.loss_mask.sum()
+    reference.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    head_rows = []
+    model.lm_head.register_forward_pre_hook(lambda _, args: head_rows.append(args[0].numel() // 32))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the step leaves the weights
+    loss = sft_step(model, rows, optimizer, 120)  # several micro-batches
+    assert loss == pytest.approx(reference.item(), rel=1e-5)
+    assert sum(head_rows) == sum(sum(r.loss_mask) for r in rows)  # never the prompt's
+    scale = min(1.0, 1.0 / float(torch.cat([g.reshape(-1) for g in expected]).norm()))
+    for p, g in zip(model.parameters(), expected, strict=True):  # clipped to norm 1
+        torch.testing.assert_close(p.grad, g * scale, rtol=1e-4, atol=1e-6)

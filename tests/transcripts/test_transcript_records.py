@@ -96,17 +96,16 @@ def test_invalid_reasons_come_from_the_rollout() -> None:
     masked.stats = RolloutStats(error="env.step timed out after 30.0s")
     named = rollout("b", "g", 0.0, valid=False)
     named.stats = RolloutStats(error="env.step returned None", error_kind="bad_reward")
-    bad_row = rollout("c", "g", 0.0, num_rows=2)
-    bad_row.segments[1].valid = False
+    unnamed = rollout("c", "g", 0.0, num_rows=2, valid=False)
 
     class Raw:
         def decode(self, ids):
             return ""
 
-    reasons = [build_record(r, {}, Raw(), 1, "random") for r in (masked, named, bad_row)]
+    reasons = [build_record(r, {}, Raw(), 1, "random") for r in (masked, named, unnamed)]
     assert [r.invalid_reason for r in reasons] == [
         "env.step timed out after 30.0s", "bad_reward: env.step returned None",
-        "row(s) [1] marked invalid"]
+        "marked invalid"]
     assert not any(r.valid for r in reasons)
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.envs.adapters.remote import RemoteEnvError
+from agentrl.envs.harness import own_python
 
 HOST = "127.0.0.1"
 _servers: dict[tuple[tuple[str, ...], str], tuple[subprocess.Popen, str]] = {}
@@ -52,9 +53,7 @@ def command_argv(command: str | Sequence[str], port: int) -> list[str]:
     if not any("{port}" in a for a in argv):
         raise ValueError(f"command {shlex.join(argv)!r} has no {{port}}: agentrl picks a free "
                          "port and puts it there, e.g. '... --port {port}'")
-    if argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
-    return [a.replace("{port}", str(port)) for a in argv]
+    return [a.replace("{port}", str(port)) for a in own_python(argv)]
 
 
 def package_command(name: str) -> list[str]:

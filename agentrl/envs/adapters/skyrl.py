@@ -11,7 +11,9 @@ messages), ``reward``, ``done`` and ``metadata``. This adapter does the same per
   environment reads, such as ``db_id``) or of ``tasks`` (the same rows in the config);
   every column but ``prompt`` and ``env_class`` is the environment's ``extras``;
 - ``env_config``: the environment's config (an OmegaConf object, as SkyRL passes it), e.g.
-  ``{ db_path = "..." }`` for ``text2sql``;
+  ``{ db_path = "..." }`` for ``text2sql``, over the environment's own config dataclass
+  where it has one (SkyRL's defaults fill the fields not given); the rows are checked for
+  the fields each environment reads (:data:`ROW_FIELDS`);
 - ``reset(seed)`` draws a row (the same seed, the same row), builds the environment and
   returns what ``init`` made of the prompt; held-out rows come from ``eval_dataset``, else
   a stable hash of the prompt puts ``eval_fraction`` of the rows aside, as for every
@@ -41,6 +43,17 @@ from agentrl.types import Message
 NAMESPACE = "skyrl"
 TASK_FIELDS = ("prompt", "env_class")
 """Row columns that are not the environment's ``extras``."""
+ROW_FIELDS: dict[str, tuple[str, ...]] = {
+    "aime": ("reward_model.ground_truth",),
+    "gsm8k": ("reward_spec.ground_truth",),
+    "gsm8k_multi_turn": ("reward_spec.ground_truth", "max_turns|extra_info"),
+    "lcb": ("reward_spec.ground_truth",),
+    "search": ("reward_spec.ground_truth",),
+    "searchcode": ("reward_spec.ground_truth",),
+    "text2sql": ("db_id", "reward_spec.ground_truth", "data"),
+}
+"""The row fields each SkyRL-Gym environment reads (from its ``__init__``; "a.b": key b
+of column a; "a|b": either), checked when the rows load (docs/ecosystem.md's table)."""
 
 
 class SkyRLGymEnv(AgentEnv):
@@ -69,8 +82,7 @@ class SkyRLGymEnv(AgentEnv):
                      else None}
         if eval_fraction is not None:
             self.eval_fraction = eval_fraction
-        omegaconf = require("omegaconf", "a SkyRL-Gym environment")
-        self.env_config = omegaconf.OmegaConf.create(env_config or {})
+        self.env_config = full_env_config(self.skyrl, env, env_config or {})
         self.inner: Any = None
 
     def sample_task(self, rng: np.random.Generator) -> Task:
@@ -159,7 +171,8 @@ def load_rows(path: str | Path, env: str) -> list[dict[str, Any]]:
 
 
 def check_rows(rows: Any, env: str, where: str) -> list[dict[str, Any]]:
-    """Rows with a chat ``prompt``, for this environment (``env_class``, when given)."""
+    """Rows with a chat ``prompt``, for this environment (``env_class``, when given), each
+    with the fields the environment reads (:data:`ROW_FIELDS`)."""
     if not isinstance(rows, list) or not rows:
         raise ValueError(f"skyrl/{env}: {where} holds no rows")
     for index, row in enumerate(rows):
@@ -170,7 +183,56 @@ def check_rows(rows: Any, env: str, where: str) -> list[dict[str, Any]]:
         if env_class not in (None, env):
             raise ValueError(f"skyrl/{env}: row {index} of {where} is for env_class "
                              f"{env_class!r}")
+        for field in ROW_FIELDS.get(env, ()):
+            if not any(_has(row, path) for path in field.split("|")):
+                raise ValueError(f"skyrl/{env}: row {index} of {where} has no "
+                                 f"{' or '.join(field.split('|'))}; skyrl_gym's {env} reads "
+                                 f"{', '.join(ROW_FIELDS[env])} (docs/ecosystem.md)")
     return rows
+
+
+def _has(row: dict[str, Any], path: str) -> bool:
+    """Whether the dotted ``path`` ("reward_spec.ground_truth") names a value of ``row``."""
+    node: Any = row
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
+
+
+def full_env_config(skyrl: Any, env: str, given: dict[str, Any]) -> Any:
+    """``env_config`` as the OmegaConf object SkyRL passes: over the environment's own
+    config dataclass (``SearchEnvConfig``...) when its ``__init__`` names one, so every
+    field it does not give has SkyRL's default; a field it misspells or that has no
+    default is refused in one line naming it."""
+    import dataclasses
+    import typing
+
+    from skyrl_gym.envs.registration import load_env_creator
+
+    omegaconf = require("omegaconf", "a SkyRL-Gym environment")
+    entry = skyrl.registry[env].entry_point
+    cls = load_env_creator(entry) if isinstance(entry, str) else entry
+    try:
+        hint = typing.get_type_hints(cls.__init__).get("env_config")
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: no defaults
+        hint = None
+    schema = next((t for t in (*typing.get_args(hint), hint) if dataclasses.is_dataclass(t)),
+                  None)
+    if schema is None:
+        return omegaconf.OmegaConf.create(given)
+    fields = ", ".join(f.name for f in dataclasses.fields(schema))
+    try:
+        config = omegaconf.OmegaConf.merge(omegaconf.OmegaConf.structured(schema), given)
+    except omegaconf.errors.OmegaConfBaseException as exc:
+        raise ValueError(f"skyrl/{env}: env_config: {str(exc).splitlines()[0]} "
+                         f"({schema.__name__} has {fields})") from None
+    missing = sorted(omegaconf.OmegaConf.missing_keys(config))
+    if missing:
+        raise ValueError(f"skyrl/{env}: env_config needs {', '.join(missing)} (no default "
+                         f"in {schema.__name__}, which has {fields})")
+    return config
 
 
 def register(name: str) -> None:
