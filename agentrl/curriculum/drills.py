@@ -60,6 +60,9 @@ class DrillEnv(AgentEnv):
         if unknown or not questions:
             raise ValueError(f"drill: questions {sorted(unknown) or '[]'} unknown; choose "
                              f"among {QUESTIONS}")
+        if max_pages * facts_per_page > len(NAMES):
+            raise ValueError(f"drill: max_pages * facts_per_page = {max_pages * facts_per_page} "
+                             f"facts need distinct names; at most {len(NAMES)}")
         if keeps not in KEEPS:
             raise ValueError(f"drill: keeps={keeps!r} unknown; choose among {KEEPS}")
         super().__init__(max_turns=max_turns or 2 * max_pages + 2, **kwargs)

@@ -93,6 +93,8 @@ def test_bad_settings_are_refused_in_one_line():
         DrillEnv(keeps="all")
     with pytest.raises(ValueError, match="questions"):
         DrillEnv(questions=("why",))
+    with pytest.raises(ValueError, match="distinct names; at most 40"):
+        DrillEnv(max_pages=20, facts_per_page=3)
 
 
 def test_the_base_config_plays_under_its_budget_and_compacts():
