@@ -8,6 +8,15 @@ then for each episode the transcript and the reward, then the result of Gymnasiu
 with actions separated by lines holding only ``---``), else the environment's
 ``demonstrate`` policy when it has one, else random text from the action space.
 
+The long-trace contract is checked before any training: after the first episode its
+``needed_facts`` and ``demonstrate_summary`` are called and type-checked
+(:mod:`agentrl.envs.hook_checks`); with ``--config`` (and ``--set``, as every command
+takes) ``--num-demonstrations`` scripted episodes are then played through the rollout
+runner under the config's compaction strategy, budget and limits, exactly as ``agentrl
+sft`` plays them (:mod:`agentrl.train.demonstration_check`), and any the config cuts
+short is reported with its token counts. Every problem is one line naming the
+environment, the method or setting, and the fix.
+
 The environment runs in a worker process and every call goes through the runner's own
 containment (:class:`agentrl.rollout.env_guard.GuardedEnv`): each call has a deadline
 (``--timeout``), an episode at most ``--max-steps`` steps, and what ``reset``/``step``
@@ -35,6 +44,7 @@ HELP = "Check an environment: Gymnasium's env checker, tool schemas, scripted ro
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments: the environment, episodes, actions file, seed, kwargs, limits."""
+    from agentrl.commands.sft import add_play_arguments
     from agentrl.config import RolloutConfig
 
     parser.add_argument("env", help="registered id (agentrl/Countdown-v0), module:Class, or the "
@@ -59,8 +69,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "persists is reported with how often it happened")
     parser.add_argument("--config", default=None,
                         help="a TOML config whose model tokenizer, compaction and rollout "
-                             "settings the context budget is measured against (default: the "
-                             "tiny built-in tokenizer and default settings)")
+                             "settings the context budget is measured against and the "
+                             "scripted episodes are played under, as `agentrl sft` plays "
+                             "them (default: the tiny built-in tokenizer and default "
+                             "settings); the environment's kwargs come from the config when "
+                             "it lists the same id and --kwargs is not given")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE", help="override one config setting")
+    parser.add_argument("--base", default=None,
+                        help="model folder whose tokenizer to measure and play with, as "
+                             "`agentrl sft --base` (default: model.path's; when `agentrl "
+                             "sft` has not written it yet, the one it would start from)")
+    parser.add_argument("--num-demonstrations", type=int, default=16,
+                        dest="num_demonstrations",
+                        help="with --config (or --set): scripted episodes played through "
+                             "the rollout runner under the config, as `agentrl sft` plays "
+                             "them (0: none)")
+    add_play_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,13 +93,66 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.envs.registry import make, resolve
 
     args.env_id, args.env_kwargs = environment_of(args.env, json_kwargs(args.kwargs))
+    args.run_config = _run_config(args)
+    env_config = args.run_config.environments[0]
+    args.env_id, args.env_kwargs = env_config.id, env_config.kwargs
+    args.name = env_config.display_name()
     try:
         resolve(args.env_id)
     except ValueError as exc:
         print(f"error: {exc}")
         return 2
     factory = functools.partial(make, args.env_id, **args.env_kwargs)
-    return asyncio.run(_check(args, factory))
+    status = asyncio.run(_check(args, factory))
+    under_config = args.config is not None or bool(args.overrides)
+    if status == 0 and under_config and args.num_demonstrations > 0 and args.actions is None:
+        status = _play_as_sft(args)
+    return status
+
+
+def _run_config(args: argparse.Namespace) -> Any:
+    """``--config`` (or the defaults) with ``--set`` applied and one environment: the
+    config's own entry for this id when it has one and ``--kwargs`` is not given."""
+    import msgspec
+
+    from agentrl.config import EnvironmentConfig, config_from_dict, load_config
+    from agentrl.config.load import apply_override
+
+    if args.config:
+        config = load_config(args.config, args.overrides)
+    else:
+        raw: dict[str, Any] = {"environments": [{"id": args.env_id, "kwargs": args.env_kwargs}]}
+        for override in args.overrides:
+            apply_override(raw, override)
+        config = config_from_dict(raw, source="check-env --set")
+    listed = [e for e in config.environments if _same_id(e.id, args.env_id)]
+    env_config = (listed[0] if listed and args.kwargs.strip() in ("", "{}")
+                  else EnvironmentConfig(id=args.env_id, kwargs=args.env_kwargs))
+    return msgspec.structs.replace(config, environments=[env_config])
+
+
+def _same_id(listed: str, given: str) -> bool:
+    """The same environment: equal ids, or "file.py:Class" naming the same file."""
+    if listed == given:
+        return True
+    (a_file, _, a_cls), (b_file, _, b_cls) = listed.rpartition(":"), given.rpartition(":")
+    return (a_cls == b_cls and a_file.endswith(".py") and b_file.endswith(".py")
+            and Path(a_file).name == Path(b_file).name)
+
+
+def _play_as_sft(args: argparse.Namespace) -> int:
+    """Scripted episodes under the config, as `agentrl sft` plays them; 1 on a problem."""
+    from agentrl.train.demonstration_check import play_as_sft
+    from agentrl.train.sft import WarmStartConfig
+
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    ws = WarmStartConfig(num_demonstrations=args.num_demonstrations, strategies=strategies,
+                         compact_share=args.compact_share)
+    summary, problems = play_as_sft(args.run_config, args.tokenizer, ws)
+    print(summary)
+    for problem in problems:
+        print(f"error: {problem}")
+    return 1 if problems else 0
 
 
 async def _check(args: argparse.Namespace, factory: Any) -> int:
@@ -121,6 +199,8 @@ async def _check_open(args: argparse.Namespace, env: Any) -> int:
         if reward is None:
             return 1
         print(f"episode {episode} (seed {seed}): reward {reward:g}")
+        if episode == 0 and not await _hooks_hold(args, env, reward):
+            return 1
     try:
         failure = await env.caller.call(_gym_check, (), {}, 3 * args.timeout, what="step")
     except EnvError as exc:
@@ -282,6 +362,19 @@ def _next_thread_action(env: Any, thread_id: str) -> str:
     return "none"
 
 
+async def _hooks_hold(args: argparse.Namespace, env: Any, reward: float) -> bool:
+    """``needed_facts`` and ``demonstrate_summary`` called on the episode just played, in
+    the worker (``agentrl.envs.hook_checks``); False after printing what is broken."""
+    from agentrl.envs.hook_checks import hook_problems
+
+    strategy = args.run_config.compaction.strategy
+    problems = await env.caller.call(hook_problems, (args.name, reward, strategy), {},
+                                     args.timeout, what="step")
+    for problem in problems:
+        print(f"error: {problem}")
+    return not problems
+
+
 def _gym_check(env: Any) -> str | None:
     """In the worker: Gymnasium's checker; None when it passes, else what failed."""
     from gymnasium.utils.env_checker import check_env
@@ -324,28 +417,22 @@ def _policy_line(env: Any, actions: list[str] | None) -> str:
 
 async def _print_context_budget(args: argparse.Namespace, kwargs: dict, env: Any) -> bool:
     """Print the first prompt's tokens against the budget (the tasks drawn through the
-    guarded instance, under the deadline); False when it does not fit or breaks."""
-    import msgspec
-
-    from agentrl.config import ConfigError, EnvironmentConfig, config_from_dict, load_config
+    guarded instance, under the deadline); False when it does not fit or breaks. Keeps
+    the tokenizer on ``args`` for the scripted episodes played after."""
+    from agentrl.config import ConfigError
     from agentrl.envs.context_budget import (
         NUM_TASKS,
         budget_of_prompts,
         budget_problem,
         describe_budgets,
     )
+    from agentrl.rollout.compact_tool import offered_tools
     from agentrl.rollout.env_contract import EnvError
-    from agentrl.train.preflight import Preflight
+    from agentrl.train.demonstration_check import check_tokenizer
 
-    if args.config:
-        config = load_config(args.config)
-    else:
-        config = config_from_dict({"environments": [{"id": args.env_id, "kwargs": kwargs}]})
-    env_config = EnvironmentConfig(id=args.env_id, kwargs=kwargs)
-    config = msgspec.structs.replace(config, environments=[env_config])
-    preflight = Preflight(config)
+    config = args.run_config
     try:
-        tokenizer, name = preflight.tokenizer, preflight.tokenizer_name
+        args.tokenizer, name = check_tokenizer(config, args.base)
         heads = [await env.reset(seed) for seed in range(NUM_TASKS)]
         tools = await env.tool_schemas()
     except ConfigError as exc:
@@ -354,10 +441,8 @@ async def _print_context_budget(args: argparse.Namespace, kwargs: dict, env: Any
     except EnvError as exc:
         print(f"violation ({exc.kind}): {exc}")
         return False
-    from agentrl.rollout.compact_tool import offered_tools
-
     tools = offered_tools(config.compaction.strategy, tools)
-    budget = budget_of_prompts(heads, tools or None, tokenizer, env_config.display_name())
+    budget = budget_of_prompts(heads, tools or None, args.tokenizer, args.name)
     print(describe_budgets([budget], config, name))
     problem = budget_problem(budget, config)
     if problem is not None:

@@ -59,19 +59,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
     parser.add_argument("--copy-lr", type=float, default=defaults.copy_lr, dest="copy_lr",
                         help="learning rate of the copy pretraining (--copy-steps)")
-    parser.add_argument("--compact-share", type=float, default=defaults.compact_share,
-                        dest="compact_share",
-                        help="strategy tool: share of demonstrations that call compact "
-                             "themselves; the rest leave it to the budget (default 1)")
-    parser.add_argument("--strategies", default="", metavar="S1,S2",
-                        help="compaction strategies to play the demonstrations under, each "
-                             "an equal share (e.g. tool,summarize); default: the config's")
+    add_play_arguments(parser)
     parser.add_argument("--chat-template", default=None, dest="chat_template",
                         choices=("qwen2.5", "compact"),
                         help="chat template of a new tiny model (compact: one line per tool)")
     parser.add_argument("--lr-schedule", default=defaults.lr_schedule, dest="lr_schedule",
                         choices=("cosine", "linear", "constant"),
                         help="after warm-up: decay to 0 at the last step, or constant")
+
+
+def add_play_arguments(parser: argparse.ArgumentParser) -> None:
+    """How demonstrations are played (``agentrl sft`` and ``agentrl check-env`` alike)."""
+    from agentrl.train.sft import WarmStartConfig
+
+    parser.add_argument("--compact-share", type=float,
+                        default=WarmStartConfig().compact_share, dest="compact_share",
+                        help="strategy tool: share of demonstrations that call compact "
+                             "themselves; the rest leave it to the budget's fallback")
+    parser.add_argument("--strategies", default="", metavar="S1,S2",
+                        help="compaction strategies to play the demonstrations under, each "
+                             "an equal share (e.g. tool,summarize); default: the config's")
 
 
 def run(args: argparse.Namespace) -> int:

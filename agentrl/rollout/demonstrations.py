@@ -185,11 +185,12 @@ class DemoSampler:
 async def play_demonstrations(
     config: Config, tokenizer: Any, num_rollouts: int, seed: int,
     policies: dict[str, Policy] | None = None, log: Callable[[str], None] | None = None,
-    compact_share: float = 1.0,
+    compact_share: float = 1.0, played: list[Rollout] | None = None,
 ) -> list[Rollout]:
     """Correct rollouts of each environment's demonstrations, in its weight's share, with
     the runner's exact token layout (``compact_share``: see ``DemoEngine``). Refuses when
-    an environment has no correct one."""
+    an environment has no correct one. ``played``, when given, receives every rollout
+    played, correct or not, before that check (``agentrl check-env`` reports the others)."""
     from agentrl.envs.registry import make
     from agentrl.rollout.episode import CURRENT_ROLLOUT
     from agentrl.rollout.runner import RolloutRunner
@@ -214,6 +215,8 @@ async def play_demonstrations(
                           seeds)
     runner = RolloutRunner(single, engine, tokenizer, sampler, make_env=make_env)
     rollouts = (await runner.collect(0, num_rollouts)).rollouts
+    if played is not None:
+        played.extend(rollouts)
     # in rollout-id order, not finishing order: a warm start's seeded row sampling then
     # draws the same rows on every run
     correct = sorted((r for r in rollouts if r.valid and r.reward > 0),

@@ -184,10 +184,11 @@ def under_strategies(config: Config, strategies: list[str]) -> list[Config]:
 
 
 def demonstrations_under(config: Config, ws: WarmStartConfig, tokenizer: Any,
-                         policies: dict[str, Policy], log: Callable[[str], None]
-                         ) -> list[Rollout]:
+                         policies: dict[str, Policy], log: Callable[[str], None],
+                         played: list[Rollout] | None = None) -> list[Rollout]:
     """Correct demonstrations, ``ws.num_demonstrations`` split evenly over the strategies
-    of ``ws.strategies`` (the config's own when empty)."""
+    of ``ws.strategies`` (the config's own when empty); ``played``: see
+    ``play_demonstrations``."""
     configs = under_strategies(config, ws.strategies)
     rollouts: list[Rollout] = []
     for index, each in enumerate(configs):
@@ -195,8 +196,26 @@ def demonstrations_under(config: Config, ws: WarmStartConfig, tokenizer: Any,
             log(f"compaction.strategy = {each.compaction.strategy!r}:")
         rollouts += asyncio.run(play_demonstrations(
             each, tokenizer, ws.num_demonstrations // len(configs), ws.seed + index,
-            policies=policies, log=log, compact_share=ws.compact_share))
+            policies=policies, log=log, compact_share=ws.compact_share, played=played))
     return rollouts
+
+
+def starting_point(config: Config, ws: WarmStartConfig, base: str | None, folder: Path,
+                   policies: dict[str, Policy]) -> Path:
+    """The model folder a warm start begins from: ``base``, else a new tiny model (written
+    under ``folder``) whose tokenizer is fitted to the demonstrations' text. ``agentrl
+    check-env`` measures and plays with its tokenizer, so both see the same tokens."""
+    from agentrl.model import build_tiny_checkpoint
+
+    if base:
+        return Path(base)
+    return build_tiny_checkpoint(
+        folder / "base", hidden_size=ws.hidden_size, num_layers=ws.num_layers,
+        num_heads=max(1, ws.hidden_size // 32), num_kv_heads=max(1, ws.hidden_size // 64),
+        vocab_size=ws.vocab_size, corpus=[text for each in under_strategies(
+            config, ws.strategies) for text in tokenizer_corpus(
+            each, policies=policies, chat_template=ws.chat_template)],
+        seed=ws.seed, chat_template=ws.chat_template)
 
 
 def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str | None = None,
@@ -205,12 +224,7 @@ def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str |
     """Load ``base`` (or build a new tiny model), train it on demonstrations of every
     environment of the config (``trajectories``: from JSONL files, by environment name),
     save an HF folder to ``out``. Refuses first when an environment has no demonstrations."""
-    from agentrl.model import (
-        build_tiny_checkpoint,
-        load_pretrained,
-        load_tokenizer,
-        save_pretrained,
-    )
+    from agentrl.model import load_pretrained, load_tokenizer, save_pretrained
     from agentrl.train.checkpoint import copy_tokenizer_files
 
     sft_lr(0, ws.num_steps, ws.lr, ws.warmup_steps, ws.lr_schedule)  # fail before any work
@@ -218,13 +232,7 @@ def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str |
     torch.manual_seed(ws.seed)
     out = Path(out)
     with tempfile.TemporaryDirectory() as tmp:
-        source = Path(base) if base else build_tiny_checkpoint(
-            Path(tmp) / "base", hidden_size=ws.hidden_size, num_layers=ws.num_layers,
-            num_heads=max(1, ws.hidden_size // 32), num_kv_heads=max(1, ws.hidden_size // 64),
-            vocab_size=ws.vocab_size, corpus=[text for each in under_strategies(
-                config, ws.strategies) for text in tokenizer_corpus(
-                each, policies=policies, chat_template=ws.chat_template)],
-            seed=ws.seed, chat_template=ws.chat_template)
+        source = starting_point(config, ws, base, Path(tmp), policies)
         model = load_pretrained(source)
         tokenizer = load_tokenizer(source)
         prepare_chat(tokenizer, config.model)  # demonstrations in the model's tool format

@@ -1,0 +1,196 @@
+"""Scripted episodes played as ``agentrl sft`` plays them, before any training.
+
+``agentrl check-env --config FILE`` plays the environment's ``demonstrate()`` policy
+through the rollout runner under the config's compaction strategy, context budget and
+limits, with the tokenizer the warm start will have (:func:`check_tokenizer`), by the
+very code ``agentrl sft`` uses (:func:`agentrl.train.sft.demonstrations_under`). An
+episode the config cuts short (a thread that cannot fit its context, out of turns or
+tokens, out of compactions) or that fails is reported in one line naming the
+environment, the numbers and the knob; a turn whose task and newest tool result alone
+pass the budget is reported with its token counts.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agentrl.config import Config, ConfigError
+from agentrl.envs.demonstrations import Policy, demonstration_policies
+from agentrl.rollout.compact_tool import offered_tools
+from agentrl.train.sft import WarmStartConfig, demonstrations_under, starting_point
+from agentrl.types import MAIN_THREAD, Rollout, as_dicts
+
+FIXES = {
+    "max_turns": "raise rollout.max_turns (now {rollout.max_turns})",
+    "max_rollout_tokens": "raise rollout.max_rollout_tokens (now {rollout.max_rollout_tokens})",
+    "max_compactions": "raise compaction.max_compactions (now {compaction.max_compactions})",
+    "context_budget": "raise compaction.max_context_tokens (now "
+                      "{compaction.max_context_tokens}) or make the tool results shorter",
+    "env": "the environment ended it (its own max_turns): raise that",
+}
+"""The knob to turn for each truncation reason of a scripted episode."""
+
+
+def check_tokenizer(config: Config, base: str | None) -> tuple[Any, str]:
+    """The tokenizer the warm start and the run will see, and where it comes from:
+    ``base`` (as ``agentrl sft --base``), else ``model.path`` when it exists, else (a
+    ``model.path`` that ``agentrl sft`` has not written yet) the one ``agentrl sft`` would
+    start from, else (no ``model.path``) the tiny built-in model's, as ``agentrl train``."""
+    from agentrl.model import load_tokenizer
+    from agentrl.train.preflight import Preflight, locate_model_dir
+
+    if base:
+        return load_tokenizer(Path(base)), base
+    path = config.model.path
+    if not path or _exists(path, locate_model_dir):
+        preflight = Preflight(config)
+        return preflight.tokenizer, preflight.tokenizer_name
+    try:
+        policies = demonstration_policies(config)
+    except ConfigError:  # no demonstrations: nothing to fit a tokenizer to
+        tiny = msgspec.structs.replace(config, model=msgspec.structs.replace(config.model,
+                                                                              path=""))
+        return Preflight(tiny).tokenizer, "the tiny built-in model's"
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = starting_point(config, WarmStartConfig(), None, Path(tmp), policies)
+        tokenizer = load_tokenizer(folder)
+    return tokenizer, f"the one `agentrl sft` would give {path} (not written yet)"
+
+
+def _exists(path: str, locate: Any) -> bool:
+    try:
+        locate(path)
+    except ConfigError:
+        return False
+    return True
+
+
+def play_as_sft(config: Config, tokenizer: Any, ws: WarmStartConfig
+                ) -> tuple[str, list[str]]:
+    """Play ``ws.num_demonstrations`` scripted episodes of the config's (one) environment
+    as ``agentrl sft`` does; a summary line and the problems, one line each."""
+    name = config.environments[0].display_name()
+    played: list[Rollout] = []
+    recorded: dict[int, Any] = {}
+    policies = {n: _recording(p, recorded) for n, p in demonstration_policies(config).items()}
+    try:
+        demonstrations_under(config, ws, tokenizer, policies, lambda _: None, played)
+    except ConfigError:  # none was correct: the rollouts below say why
+        pass
+    counts = Counter(_outcome(r) for r in played)
+    strategies = ", ".join(ws.strategies) or config.compaction.strategy
+    summary = (f"scripted episodes as `agentrl sft` plays them (compaction.strategy "
+               f"{strategies}, compaction.max_context_tokens "
+               f"{config.compaction.max_context_tokens}): {len(played)} played, "
+               f"{counts['correct']} correct, {counts['graded']} graded wrong (left out: a "
+               f"weak demonstrator's wrong answers)")
+    problems = _failures(played, config, name)
+    if counts["truncated/context_budget"]:
+        problems += _unfit_turn(list(recorded.values()), config, tokenizer, name)
+    return summary, problems
+
+
+def _recording(policy: Policy, recorded: dict[int, Any]) -> Policy:
+    """The policy, remembering every environment instance it plays (their histories)."""
+
+    def play(env: Any, thread_id: str = MAIN_THREAD) -> str | None:
+        recorded[id(env)] = env
+        return policy(env, thread_id)
+
+    return play
+
+
+def _outcome(rollout: Rollout) -> str:
+    if not rollout.valid:
+        return "failed"
+    if rollout.stats.truncated:
+        return f"truncated/{rollout.stats.truncation_reason}"
+    return "correct" if rollout.reward > 0 else "graded"
+
+
+def _failures(played: list[Rollout], config: Config, name: str) -> list[str]:
+    """One line per way the scripted episodes failed or were cut short."""
+    lines = []
+    failed = [r for r in played if not r.valid]
+    if failed:
+        lines.append(f"env {name!r}: {len(failed)} of {len(played)} scripted episodes failed, "
+                     f"the first because {failed[0].stats.error}")
+    by_reason: dict[str, list[Rollout]] = {}
+    for rollout in played:
+        if rollout.valid and rollout.stats.truncated:
+            by_reason.setdefault(rollout.stats.truncation_reason or "env", []).append(rollout)
+    for reason, cut in by_reason.items():
+        fix = FIXES.get(reason, "see docs/writing-environments.md").format(
+            rollout=config.rollout, compaction=config.compaction)
+        longest = max(len(s.token_ids) for r in cut for s in r.segments)
+        lines.append(f"env {name!r}: {len(cut)} of {len(played)} scripted episodes were cut "
+                     f"short (truncated, {reason}; rows up to {longest} tokens), and "
+                     f"`agentrl sft` leaves them out; {fix}")
+    return lines
+
+
+def _unfit_turn(envs: list[Any], config: Config, tokenizer: Any, name: str) -> list[str]:
+    """The turn whose task and newest turn alone (with the summary kept before it, under a
+    summary strategy) pass the budget, with its token counts: no compaction keeps less."""
+    budget = config.compaction.max_context_tokens
+    worst: tuple[int, int, int] | None = None  # (tokens, kept-before-the-turn tokens, turn)
+    for env in envs:
+        history = as_dicts(list(getattr(env, "history", [])))
+        starts = [i for i, m in enumerate(history) if m["role"] == "assistant"]
+        tools = offered_tools(config.compaction.strategy, env.tool_schemas()) or None
+        ends = [*starts[1:], len(history)]
+        for number, (start, end) in enumerate(zip(starts, ends, strict=True), 1):
+            if end - start < 2:  # a final answer: no tool result to keep
+                continue
+            head = history[: starts[0]]
+            if number > 1:  # what a compaction before this turn keeps besides the task
+                head = [*head, *_summary(env, config, history[:start]), *_marker(config)]
+            tokens = _tokens(tokenizer, head + history[start:end], tools)
+            if worst is None or tokens > worst[0]:
+                worst = (tokens, _tokens(tokenizer, head, tools), number)
+    if worst is None or worst[0] <= budget:
+        return []
+    tokens, kept, number = worst
+    return [f"env {name!r}: turn {number} of a scripted episode cannot fit the context: the "
+            f"system prompt, tools, task and what compaction keeps before a turn ({kept} "
+            f"tokens) plus that turn's reply and tool result ({tokens - kept} tokens) take {tokens} tokens, over "
+            f"compaction.max_context_tokens = {budget}, and no compaction keeps less; raise "
+            f"it to at least {tokens + config.rollout.max_new_tokens} (with one turn of "
+            f"rollout.max_new_tokens = {config.rollout.max_new_tokens}) or make that tool's "
+            "result (or the summary) shorter"]
+
+
+def _marker(config: Config) -> list[dict[str, Any]]:
+    """The note drop_oldest leaves where it dropped turns (the tool strategy's fallback)."""
+    from agentrl.rollout.compaction import marker_message
+
+    compaction = config.compaction
+    budget = compaction.fallback if compaction.strategy == "tool" else compaction.strategy
+    return [marker_message(1)] if budget == "drop_oldest" else []
+
+
+def _summary(env: Any, config: Config, seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The summary message a summary strategy keeps before a turn (the environment's own
+    ``demonstrate_summary``), or none."""
+    from agentrl.envs.hook_checks import SUMMARY_STRATEGIES, overrides
+    from agentrl.rollout.compaction import SUMMARY_PREFIX
+    from agentrl.types import Message
+
+    if config.compaction.strategy not in SUMMARY_STRATEGIES or not overrides(
+            env, "demonstrate_summary") or not seen:
+        return []
+    messages = [Message(m["role"], m["content"], m.get("name")) for m in seen]
+    summary = env.demonstrate_summary(messages, True)
+    if not isinstance(summary, str):
+        return []
+    return [{"role": "user", "content": f"{SUMMARY_PREFIX}{summary}"}]
+
+
+def _tokens(tokenizer: Any, messages: list[dict[str, Any]], tools: Any) -> int:
+    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+    return len(tokenizer.encode(text))
