@@ -158,8 +158,8 @@ def _unfit_turn(envs: list[Any], config: Config, tokenizer: Any, name: str) -> l
     tokens, kept, number = worst
     return [f"env {name!r}: turn {number} of a scripted episode cannot fit the context: the "
             f"system prompt, tools, task and what compaction keeps before a turn ({kept} "
-            f"tokens) plus that turn's reply and tool result ({tokens - kept} tokens) take {tokens} tokens, over "
-            f"compaction.max_context_tokens = {budget}, and no compaction keeps less; raise "
+            f"tokens) plus that turn's reply and tool result ({tokens - kept} tokens) take "
+            f"{tokens} tokens, over compaction.max_context_tokens = {budget}, and no compaction keeps less; raise "
             f"it to at least {tokens + config.rollout.max_new_tokens} (with one turn of "
             f"rollout.max_new_tokens = {config.rollout.max_new_tokens}) or make that tool's "
             "result (or the summary) shorter"]
