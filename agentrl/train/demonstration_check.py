@@ -156,13 +156,14 @@ def _unfit_turn(envs: list[Any], config: Config, tokenizer: Any, name: str) -> l
     if worst is None or worst[0] <= budget:
         return []
     tokens, kept, number = worst
+    turn = config.rollout.max_new_tokens
     return [f"env {name!r}: turn {number} of a scripted episode cannot fit the context: the "
             f"system prompt, tools, task and what compaction keeps before a turn ({kept} "
             f"tokens) plus that turn's reply and tool result ({tokens - kept} tokens) take "
             f"{tokens} tokens, over compaction.max_context_tokens = {budget}, and no "
-            f"compaction keeps less; raise it to at least {tokens + config.rollout.max_new_tokens} (with one turn of "
-            f"rollout.max_new_tokens = {config.rollout.max_new_tokens}) or make that tool's "
-            "result (or the summary) shorter"]
+            f"compaction keeps less; raise it to at least {tokens + turn} (with one turn of "
+            f"rollout.max_new_tokens = {turn}) or make that tool's result (or the summary) "
+            "shorter"]
 
 
 def _marker(config: Config) -> list[dict[str, Any]]:
