@@ -102,6 +102,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}")
         return 2
+    from agentrl.config import ConfigError
+    from agentrl.train.demonstration_check import check_tokenizer
+
+    try:  # before the event loop: fitting the tokenizer `agentrl sft` would use plays
+        args.tokenizer, args.tokenizer_name = check_tokenizer(args.run_config, args.base)
+    except ConfigError as exc:
+        print(f"error: {exc}")
+        return 1
     factory = functools.partial(make, args.env_id, **args.env_kwargs)
     status = asyncio.run(_check(args, factory))
     under_config = args.config is not None or bool(args.overrides)
@@ -417,9 +425,8 @@ def _policy_line(env: Any, actions: list[str] | None) -> str:
 
 async def _print_context_budget(args: argparse.Namespace, kwargs: dict, env: Any) -> bool:
     """Print the first prompt's tokens against the budget (the tasks drawn through the
-    guarded instance, under the deadline); False when it does not fit or breaks. Keeps
-    the tokenizer on ``args`` for the scripted episodes played after."""
-    from agentrl.config import ConfigError
+    guarded instance, under the deadline), with the tokenizer ``run`` chose; False when
+    it does not fit or breaks."""
     from agentrl.envs.context_budget import (
         NUM_TASKS,
         budget_of_prompts,
@@ -428,22 +435,17 @@ async def _print_context_budget(args: argparse.Namespace, kwargs: dict, env: Any
     )
     from agentrl.rollout.compact_tool import offered_tools
     from agentrl.rollout.env_contract import EnvError
-    from agentrl.train.demonstration_check import check_tokenizer
 
     config = args.run_config
     try:
-        args.tokenizer, name = check_tokenizer(config, args.base)
         heads = [await env.reset(seed) for seed in range(NUM_TASKS)]
         tools = await env.tool_schemas()
-    except ConfigError as exc:
-        print(f"error: {exc}")
-        return False
     except EnvError as exc:
         print(f"violation ({exc.kind}): {exc}")
         return False
     tools = offered_tools(config.compaction.strategy, tools)
     budget = budget_of_prompts(heads, tools or None, args.tokenizer, args.name)
-    print(describe_budgets([budget], config, name))
+    print(describe_budgets([budget], config, args.tokenizer_name))
     problem = budget_problem(budget, config)
     if problem is not None:
         print(f"error: {problem}")

@@ -119,9 +119,10 @@ class WarmStartConfig(msgspec.Struct, kw_only=True):
     (where the environment's ``demonstrate_summary`` says); the others leave compaction
     to the budget's fallback. Below 1, a weaker demonstrator: its warm start compacts only
     sometimes, and RL can teach it when to."""
-    chat_template: str = "qwen2.5"
-    """The new tiny model's chat template: "qwen2.5", or "compact" (one line per tool
-    instead of Qwen2.5's ~150-token tool preamble: for small context budgets)."""
+    chat_template: str = "compact"
+    """The new tiny model's chat template: "compact" (one line per tool, the default: a
+    new environment's small context budget then holds the task and a turn or two), or
+    "qwen2.5" (Qwen2.5's ~150-token tool preamble)."""
     seed: int = 0
 
 
