@@ -1,11 +1,14 @@
 """docs/writing-environments.md, run: its files are written from the page and its commands
 are read from the page and run in order, on a small scale, in an empty folder. The first
-training step must complete with compaction firing in the new environment.
+training step must complete with compaction firing in the new environment, and the
+long-trace environment of section 8 must pass check-env and reach a training step.
 
-The page cannot drift: the files the test writes are the page's code blocks (and
-examples/logsearch/ holds the same files), and the commands are the page's. Scaling
-down only appends options (fewer SFT steps and demonstrations, one training step, a
-smaller batch); argparse and ``--set`` take the last value given.
+The page cannot drift: the files the test writes are the page's code blocks marked
+``<!-- file: NAME -->`` (examples/logsearch/ and examples/notebook/ hold the same files),
+and the commands are every ``agentrl`` line of its ``bash`` blocks. Scaling down only
+appends options (fewer SFT steps and demonstrations, one training step, a smaller
+batch, fewer eval tasks; argparse and ``--set`` take the last value given) and reads a
+run's last checkpoint as step 1.
 """
 
 from __future__ import annotations
@@ -22,14 +25,27 @@ from agentrl.observe.writers import read_metrics
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "writing-environments.md"
 EXAMPLE = ROOT / "examples" / "logsearch"
+EXAMPLES = {"logsearch.py": EXAMPLE, "logsearch_mix.toml": EXAMPLE,
+            "notebook.py": ROOT / "examples" / "notebook",
+            "notebook.toml": ROOT / "examples" / "notebook"}
+"""Where each of the page's files is kept as an example."""
 
 SMALL = {
     "sft": ["--num-steps", "60", "--num-demonstrations", "160", "--rows-per-step", "16",
             "--copy-steps", "0"],
     "train": ["--set", "train.num_steps=1", "--set", "log.live=false",
-              "--set", "batch.rollout_batch_size=4", "--set", "batch.global_batch_size=32"],
+              "--set", "batch.rollout_batch_size=4", "--set", "batch.global_batch_size=32",
+              "--set", "train.eval_every=0"],
+    "eval": ["--tasks", "4"],
 }
 """What each command gets appended to run in well under a minute."""
+
+
+def scaled(command: list[str]) -> list[str]:
+    """A page command at the test's scale: SMALL appended, a run's step 30 read as step 1
+    (the one step trained here)."""
+    argv = [a.replace("checkpoints/step_30", "checkpoints/step_1") for a in command]
+    return argv + SMALL.get(command[0], [])
 
 
 def doc_files(text: str) -> dict[str, str]:
@@ -53,9 +69,9 @@ def unknown_commands(commands: list[list[str]]) -> list[str]:
 
 def test_the_example_files_are_the_pages_files():
     files = doc_files(DOC.read_text())
-    assert set(files) == {"logsearch.py", "logsearch_mix.toml"}
+    assert set(files) == set(EXAMPLES)
     for name, text in files.items():
-        assert (EXAMPLE / name).read_text() == text, f"{name} differs from the page's"
+        assert (EXAMPLES[name] / name).read_text() == text, f"{name} differs from the page's"
 
 
 def test_every_command_on_the_page_is_one_the_cli_runs():
@@ -66,8 +82,35 @@ def test_every_command_on_the_page_is_one_the_cli_runs():
 
 def test_the_page_uses_every_step_of_the_loop():
     used = [c[0] for c in doc_commands(DOC.read_text())]
-    assert used[:4] == ["check-env", "sft", "plan", "train"]
-    assert {"report", "inspect", "view"} <= set(used)
+    assert [u for u in used if u in ("check-env", "sft", "plan", "train")][:5] == [
+        "check-env", "check-env", "sft", "plan", "train"]
+    assert {"eval", "report", "inspect", "view"} <= set(used)
+
+
+def test_the_page_warm_starts_with_one_plain_command():
+    """One recipe: every `agentrl sft` of the page is `sft CONFIG --out DIR`, its defaults."""
+    sfts = [c for c in doc_commands(DOC.read_text()) if c[0] == "sft"]
+    assert len(sfts) == 2 and all(len(c) == 4 and c[2] == "--out" for c in sfts), sfts
+    text = DOC.read_text()
+    for word in ("demonstrate_summary", "needed_facts", "--compact-share", "--strategies",
+                 "--base", '`tool`'):
+        assert word in text, word
+
+
+def test_the_pages_long_trace_environment_passes_check_env(tmp_path, monkeypatch, capsys):
+    """Section 8's files and its check-env command, as the page writes them; then the same
+    check with a budget a page turn cannot fit fails with the page's token counts."""
+    text = DOC.read_text()
+    for name, content in doc_files(text).items():
+        (tmp_path / name).write_text(content)
+    monkeypatch.chdir(tmp_path)
+    check = next(c for c in doc_commands(text) if c[0] == "check-env" and "notebook.toml" in c)
+    assert main(check) == 0
+    out = capsys.readouterr().out
+    assert "reward 1" in out and "16 played, 16 correct" in out
+    assert main([*check, "--set", "compaction.max_context_tokens=170"]) == 1
+    errors = [line for line in capsys.readouterr().out.splitlines() if line.startswith("error")]
+    assert errors == [line for line in text.splitlines() if line.startswith("error: env")]
 
 
 @pytest.mark.slow
@@ -80,7 +123,7 @@ def test_the_walkthrough_reaches_a_training_step_with_compaction(tmp_path, monke
     commands = doc_commands(text)
     assert unknown_commands(commands) == []  # none skipped: a typo fails here
     for command in commands:
-        argv = command + SMALL.get(command[0], [])
+        argv = scaled(command)
         assert main(argv) == 0, f"`agentrl {shlex.join(argv)}` failed"
     out = capsys.readouterr().out
     # 3:1 of 160 demonstrations; the page's demonstrator guesses on 3 tasks of 4, and
@@ -92,6 +135,8 @@ def test_the_walkthrough_reaches_a_training_step_with_compaction(tmp_path, monke
     assert steps and steps[0]["env/logsearch/num_rollouts"] == 24
     assert any(m["env/logsearch/num_compactions/mean"] > 0 for m in steps)
     assert (tmp_path / "runs" / "logsearch" / "curve.png").exists()
+    notebook = [m for m in read_metrics(tmp_path / "runs" / "notebook") if m["step"] >= 1]
+    assert notebook and notebook[0]["env/notebook/num_rollouts"] == 32
 
 
 def test_the_pages_jsonl_example_is_a_correct_demonstration(tmp_path, monkeypatch):
