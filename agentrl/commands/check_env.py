@@ -93,7 +93,10 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.envs.registry import make, resolve
 
     args.env_id, args.env_kwargs = environment_of(args.env, json_kwargs(args.kwargs))
-    args.run_config = _run_config(args)
+    from agentrl.train.demonstration_check import config_for_check
+
+    args.run_config = config_for_check(args.config, args.overrides, args.env_id,
+                                       args.env_kwargs, args.kwargs.strip() not in ("", "{}"))
     env_config = args.run_config.environments[0]
     args.env_id, args.env_kwargs = env_config.id, env_config.kwargs
     args.name = env_config.display_name()
@@ -116,36 +119,6 @@ def run(args: argparse.Namespace) -> int:
     if status == 0 and under_config and args.num_demonstrations > 0 and args.actions is None:
         status = _play_as_sft(args)
     return status
-
-
-def _run_config(args: argparse.Namespace) -> Any:
-    """``--config`` (or the defaults) with ``--set`` applied and one environment: the
-    config's own entry for this id when it has one and ``--kwargs`` is not given."""
-    import msgspec
-
-    from agentrl.config import EnvironmentConfig, config_from_dict, load_config
-    from agentrl.config.load import apply_override
-
-    if args.config:
-        config = load_config(args.config, args.overrides)
-    else:
-        raw: dict[str, Any] = {"environments": [{"id": args.env_id, "kwargs": args.env_kwargs}]}
-        for override in args.overrides:
-            apply_override(raw, override)
-        config = config_from_dict(raw, source="check-env --set")
-    listed = [e for e in config.environments if _same_id(e.id, args.env_id)]
-    env_config = (listed[0] if listed and args.kwargs.strip() in ("", "{}")
-                  else EnvironmentConfig(id=args.env_id, kwargs=args.env_kwargs))
-    return msgspec.structs.replace(config, environments=[env_config])
-
-
-def _same_id(listed: str, given: str) -> bool:
-    """The same environment: equal ids, or "file.py:Class" naming the same file."""
-    if listed == given:
-        return True
-    (a_file, _, a_cls), (b_file, _, b_cls) = listed.rpartition(":"), given.rpartition(":")
-    return (a_cls == b_cls and a_file.endswith(".py") and b_file.endswith(".py")
-            and Path(a_file).name == Path(b_file).name)
 
 
 def _play_as_sft(args: argparse.Namespace) -> int:

@@ -36,6 +36,37 @@ FIXES = {
 """The knob to turn for each truncation reason of a scripted episode."""
 
 
+def config_for_check(path: str | None, overrides: list[str], env_id: str, kwargs: dict,
+                     kwargs_given: bool) -> Config:
+    """The config check-env plays under: ``path`` (or the defaults) with the ``--set``
+    overrides applied and one environment, the config's own entry for this id when it
+    lists one and no ``--kwargs`` were given, else ``env_id`` with ``kwargs``."""
+    from agentrl.config import EnvironmentConfig, config_from_dict, load_config
+    from agentrl.config.load import apply_override
+
+    if path:
+        config = load_config(path, overrides)
+    else:
+        raw: dict[str, Any] = {"environments": [{"id": env_id, "kwargs": kwargs}]}
+        for override in overrides:
+            apply_override(raw, override)
+        config = config_from_dict(raw, source="check-env --set")
+    listed = [e for e in config.environments if _same_id(e.id, env_id)]
+    env_config = (listed[0] if listed and not kwargs_given
+                  else EnvironmentConfig(id=env_id, kwargs=kwargs))
+    return msgspec.structs.replace(config, environments=[env_config])
+
+
+def _same_id(listed: str, given: str) -> bool:
+    """The same environment: equal ids, or "file.py:Class" naming the same file (a config
+    resolves a file beside it to its own folder)."""
+    if listed == given:
+        return True
+    (a_file, _, a_cls), (b_file, _, b_cls) = listed.rpartition(":"), given.rpartition(":")
+    return (a_cls == b_cls and a_file.endswith(".py") and b_file.endswith(".py")
+            and Path(a_file).name == Path(b_file).name)
+
+
 def check_tokenizer(config: Config, base: str | None) -> tuple[Any, str]:
     """The tokenizer the warm start and the run will see, and where it comes from:
     ``base`` (as ``agentrl sft --base``), else ``model.path`` when it exists, else (a
