@@ -18,7 +18,7 @@ class NotebookEnv(AgentEnv):
     """Read every page, then name the first page's word and the last page's."""
 
     def __init__(self, num_pages: int = 6, filler_words: int = 30, **kwargs):
-        kwargs.setdefault("max_turns", num_pages + 4)  # the reads, compactions, the answer
+        kwargs.setdefault("max_turns", num_pages + 4)  # the reads, the answer, and spare
         super().__init__(**kwargs)
         if num_pages < 2 or filler_words < 0:
             raise ValueError(f"notebook: need num_pages >= 2 and filler_words >= 0; got "

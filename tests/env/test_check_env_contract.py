@@ -144,3 +144,14 @@ def test_set_reaches_the_config_without_a_file(capsys):
     assert main(["check-env", "agentrl/Ledger-v0", "--kwargs",
                  '{"num_pages": 4, "filler_words": 4}', "--num-demonstrations", "2",
                  "--set", "rollout.max_turns=8"]) == 0
+
+
+def test_the_episodes_are_played_under_sfts_strategies(tmp_path, capsys):
+    """--strategies splits the episodes over strategies as `agentrl sft --strategies` does:
+    Ledger's summaries fit under both, and the summary line names them."""
+    path = tmp_path / "book.toml"
+    path.write_text(CONFIG.format(id=f"{HERE}:CorrectLedger"))
+    assert main(["check-env", f"{HERE}:CorrectLedger", "--config", str(path),
+                 "--num-demonstrations", "4", "--strategies", "tool,summarize"]) == 0
+    out = capsys.readouterr().out
+    assert "(compaction.strategy tool, summarize, " in out and ": 4 played, 4 correct" in out
