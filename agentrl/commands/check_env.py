@@ -109,12 +109,16 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.train.demonstration_check import check_tokenizer
 
     try:  # before the event loop: fitting the tokenizer `agentrl sft` would use plays
-        args.tokenizer, args.tokenizer_name = check_tokenizer(args.run_config, args.base)
+        args.tokenizer, args.tokenizer_name, args.stand_in = check_tokenizer(
+            args.run_config, args.base)
     except ConfigError as exc:
         print(f"error: {exc}")
         return 1
     factory = functools.partial(make, args.env_id, **args.env_kwargs)
     status = asyncio.run(_check(args, factory))
+    if status == 0 and args.stand_in:  # the episode and the hooks passed: say what failed
+        print(f"error: {args.stand_in}")
+        return 1
     under_config = args.config is not None or bool(args.overrides)
     if status == 0 and under_config and args.num_demonstrations > 0 and args.actions is None:
         status = _play_as_sft(args)
@@ -420,6 +424,9 @@ async def _print_context_budget(args: argparse.Namespace, kwargs: dict, env: Any
     budget = budget_of_prompts(heads, tools or None, args.tokenizer, args.name)
     print(describe_budgets([budget], config, args.tokenizer_name))
     problem = budget_problem(budget, config)
+    if args.stand_in:  # not the run's tokenizer: the episode and the hooks first
+        print(f"  note: not checked against the budget ({args.stand_in})")
+        return True
     if problem is not None:
         print(f"error: {problem}")
     return problem is None

@@ -67,30 +67,36 @@ def _same_id(listed: str, given: str) -> bool:
             and Path(a_file).name == Path(b_file).name)
 
 
-def check_tokenizer(config: Config, base: str | None) -> tuple[Any, str]:
-    """The tokenizer the warm start and the run will see, and where it comes from:
-    ``base`` (as ``agentrl sft --base``), else ``model.path`` when it exists, else (a
-    ``model.path`` that ``agentrl sft`` has not written yet) the one ``agentrl sft`` would
-    start from, else (no ``model.path``) the tiny built-in model's, as ``agentrl train``."""
+def check_tokenizer(config: Config, base: str | None) -> tuple[Any, str, str | None]:
+    """The tokenizer the warm start and the run will see, where it comes from, and why it
+    is only a stand-in (None when it is the real one): ``base`` (as ``agentrl sft
+    --base``), else ``model.path`` when it exists, else (a ``model.path`` that ``agentrl
+    sft`` has not written yet) the one ``agentrl sft`` would start from, else (no
+    ``model.path``) the tiny built-in model's, as ``agentrl train``. When the warm start's
+    tokenizer cannot be fitted (its demonstrations fail: the checks that follow say why),
+    the tiny built-in one stands in, with the reason."""
     from agentrl.model import load_tokenizer
     from agentrl.train.preflight import Preflight, locate_model_dir
 
     if base:
-        return load_tokenizer(Path(base)), base
+        return load_tokenizer(Path(base)), base, None
     path = config.model.path
     if not path or _exists(path, locate_model_dir):
         preflight = Preflight(config)
-        return preflight.tokenizer, preflight.tokenizer_name
+        return preflight.tokenizer, preflight.tokenizer_name, None
+    tiny = msgspec.structs.replace(config, model=msgspec.structs.replace(config.model, path=""))
     try:
         policies = demonstration_policies(config)
     except ConfigError:  # no demonstrations: nothing to fit a tokenizer to
-        tiny = msgspec.structs.replace(config, model=msgspec.structs.replace(config.model,
-                                                                              path=""))
-        return Preflight(tiny).tokenizer, "the tiny built-in model's"
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = starting_point(config, WarmStartConfig(), None, Path(tmp), policies)
-        tokenizer = load_tokenizer(folder)
-    return tokenizer, f"the one `agentrl sft` would give {path} (not written yet)"
+        return Preflight(tiny).tokenizer, "the tiny built-in model's", None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = starting_point(config, WarmStartConfig(), None, Path(tmp), policies)
+            tokenizer = load_tokenizer(folder)
+    except ConfigError as exc:  # its demonstrations fail
+        why = f"`agentrl sft` cannot fit its tokenizer: {str(exc).splitlines()[0]}"
+        return Preflight(tiny).tokenizer, "the tiny built-in model's, standing in", why
+    return tokenizer, f"the one `agentrl sft` would give {path} (not written yet)", None
 
 
 def _exists(path: str, locate: Any) -> bool:
