@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.cli import COMMANDS, main
+from agentrl.model.base import GENERIC_BASE
 from agentrl.observe.writers import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +33,10 @@ EXAMPLES = {"logsearch.py": EXAMPLE, "logsearch_mix.toml": EXAMPLE,
 
 SMALL = {
     "sft": ["--num-steps", "60", "--num-demonstrations", "160", "--rows-per-step", "16",
-            "--copy-steps", "0"],
+            "--copy-steps", "0",
+            # a checkout without the generic base: a new tiny model, as its tokenizer is
+            # what check-env measured
+            *([] if (GENERIC_BASE / "config.json").is_file() else ["--base", "new"])],
     "train": ["--set", "train.num_steps=1", "--set", "log.live=false",
               "--set", "batch.rollout_batch_size=4", "--set", "batch.global_batch_size=32",
               "--set", "train.eval_every=0"],

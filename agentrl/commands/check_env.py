@@ -77,9 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override one config setting")
     parser.add_argument("--base", default=None,
-                        help="model folder whose tokenizer to measure and play with, as "
-                             "`agentrl sft --base` (default: model.path's; when `agentrl "
-                             "sft` has not written it yet, the one it would start from)")
+                        help="the tokenizer to measure and play with, as `agentrl sft "
+                             "--base`: a model folder, 'base' (the generic base) or 'new' "
+                             "(default: model.path's; when `agentrl sft` has not written it "
+                             "yet, the one it starts from)")
     parser.add_argument("--num-demonstrations", type=int, default=16,
                         dest="num_demonstrations",
                         help="with --config (or --set): scripted episodes played through "

@@ -69,21 +69,27 @@ def _same_id(listed: str, given: str) -> bool:
 
 def check_tokenizer(config: Config, base: str | None) -> tuple[Any, str, str | None]:
     """The tokenizer the warm start and the run will see, where it comes from, and why it
-    is only a stand-in (None when it is the real one): ``base`` (as ``agentrl sft
-    --base``), else ``model.path`` when it exists, else (a ``model.path`` that ``agentrl
-    sft`` has not written yet) the one ``agentrl sft`` would start from, else (no
-    ``model.path``) the tiny built-in model's, as ``agentrl train``. When the warm start's
-    tokenizer cannot be fitted (its demonstrations fail: the checks that follow say why),
-    the tiny built-in one stands in, with the reason."""
+    is only a stand-in (None when it is the real one). ``base`` as ``agentrl sft --base``
+    (a folder, "base" or "new") when given; else ``model.path``'s when it exists; else
+    (a ``model.path`` that ``agentrl sft`` has not written yet) the one ``agentrl sft``
+    would start from (the generic base; a new tiny model when the base is missing);
+    else (no ``model.path``) the tiny built-in model's, as ``agentrl train``. When a new
+    model's tokenizer cannot be fitted (its demonstrations fail: the checks that follow
+    say why), the tiny built-in one stands in, with the reason."""
     from agentrl.model import load_tokenizer
+    from agentrl.model.base import GENERIC_BASE
     from agentrl.train.preflight import Preflight, locate_model_dir
 
-    if base:
-        return load_tokenizer(Path(base)), base, None
     path = config.model.path
-    if not path or _exists(path, locate_model_dir):
+    if base is None and (not path or _exists(path, locate_model_dir)):
         preflight = Preflight(config)
         return preflight.tokenizer, preflight.tokenizer_name, None
+    start = base or "base"
+    if start == "base" and (GENERIC_BASE / "config.json").is_file():
+        start = str(GENERIC_BASE)
+    if start not in ("base", "new"):
+        return load_tokenizer(Path(start)), start, None
+    missing = " (the generic base is missing)" if start == "base" else ""
     tiny = msgspec.structs.replace(config, model=msgspec.structs.replace(config.model, path=""))
     try:
         policies = demonstration_policies(config)
@@ -96,7 +102,7 @@ def check_tokenizer(config: Config, base: str | None) -> tuple[Any, str, str | N
     except ConfigError as exc:  # its demonstrations fail
         why = f"`agentrl sft` cannot fit its tokenizer: {str(exc).splitlines()[0]}"
         return Preflight(tiny).tokenizer, "the tiny built-in model's, standing in", why
-    return tokenizer, f"the one `agentrl sft` would give {path} (not written yet)", None
+    return tokenizer, f"a new tiny model's, as `agentrl sft --base new` fits it{missing}", None
 
 
 def _exists(path: str, locate: Any) -> bool:
