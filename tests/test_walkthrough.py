@@ -112,7 +112,7 @@ def test_the_pages_long_trace_environment_passes_check_env(tmp_path, monkeypatch
     assert main(check) == 0
     out = capsys.readouterr().out
     assert "reward 1" in out and "16 played, 16 correct" in out
-    assert main([*check, "--set", "compaction.max_context_tokens=170"]) == 1
+    assert main([*check, "--set", "compaction.max_context_tokens=240"]) == 1
     errors = [line for line in capsys.readouterr().out.splitlines() if line.startswith("error")]
     assert errors == [line for line in text.splitlines() if line.startswith("error: env")]
 

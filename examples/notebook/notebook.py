@@ -17,7 +17,7 @@ LAST = "This is the last page."
 class NotebookEnv(AgentEnv):
     """Read every page, then name the first page's word and the last page's."""
 
-    def __init__(self, num_pages: int = 6, filler_words: int = 30, **kwargs):
+    def __init__(self, num_pages: int = 6, filler_words: int = 20, **kwargs):
         kwargs.setdefault("max_turns", num_pages + 4)  # the reads, the answer, and spare
         super().__init__(**kwargs)
         if num_pages < 2 or filler_words < 0:

@@ -158,13 +158,15 @@ def test_the_episodes_are_played_under_sfts_strategies(tmp_path, capsys):
 
 
 def test_a_broken_hook_is_named_before_the_warm_start_exists(tmp_path, capsys):
-    """With model.path not written yet, check-env fits the tokenizer `agentrl sft` would;
-    a hook that breaks every demonstration breaks that fitting too, and the hook's own
-    line, not sft's "none of its demonstrations was correct", is the error."""
+    """With model.path not written yet and `--base new`, check-env fits the tokenizer
+    `agentrl sft --base new` would; a hook that breaks every demonstration breaks that
+    fitting too, and the hook's own line, not sft's "none of its demonstrations was
+    correct", is the error."""
     path = tmp_path / "book.toml"
     path.write_text(CONFIG.format(id=f"{HERE}:FactsWithArgument").replace(
         'path = "assets/ledger-sft"', f'path = "{tmp_path / "runs" / "book-sft"}"'))
-    assert main(["check-env", f"{HERE}:FactsWithArgument", "--config", str(path)]) == 1
+    assert main(["check-env", f"{HERE}:FactsWithArgument", "--config", str(path),
+                 "--base", "new"]) == 1
     out = capsys.readouterr().out
     errors = [line for line in out.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "needed_facts(messages) takes arguments" in errors[0]
