@@ -50,11 +50,11 @@ COPY_BASE = ["--base", "new", "--chat-template", "compact", "--copy-steps", "250
              "--num-steps", "0", "--num-demonstrations", "40"]
 """The warm start's first command: a new tiny model, its tokenizer, copy pretraining."""
 WARM_START = ["--num-steps", "160", "--num-demonstrations", "600", "--lr", "2e-3",
-              "--lr-schedule", "cosine", "--warmup-steps", "20"]
+              "--lr-schedule", "cosine", "--warmup-steps", "20", "--rows-per-step", "32"]
 """Its second: the demonstrations, from the first's model (configs/docqa_warmstart.toml):
 ``assets/docqa-sft``, which delegates every document (0.797 held-out)."""
 WEAKER = ["--num-steps", "40", "--num-demonstrations", "600", "--lr", "1e-3",
-          "--lr-schedule", "cosine", "--warmup-steps", "5",
+          "--lr-schedule", "cosine", "--warmup-steps", "5", "--rows-per-step", "32",
           "--set", "environments.0.kwargs={demo_search_share=0.25}"]
 """Its third, from the second's model: a demonstrator that searches every document on a
 quarter of the tasks and document 0 only on the others (``DocQAEnv.demo_search_share``;
