@@ -24,7 +24,7 @@ EXPECTED = ["harness_raised", "harness_timeout", "harness_budget", "harness_fore
 
 
 def test_each_failure_invalidates_only_its_rollout_with_its_reason(tiny_dir) -> None:
-    # no retries: each attempt fails the same way (tests/rollout/test_failures.py retries)
+    # no retries: each attempt fails the same way (tests/rollout/test_failure_classes.py retries)
     config = harness_config(tiny_dir, {"run": f"{AGENTS / 'broken_agents.py'}:run",
                                        "timeout_s": 3.0, "max_requests": 3}, group_size=8,
                             rollout={"max_retries": 0})
