@@ -78,3 +78,28 @@ def test_an_environment_with_subagents_is_refused_at_start_up() -> None:
         proc.wait()
     [error] = [line for line in lines if line.startswith("error:")]
     assert "@subagent" in error and "ask" in error
+
+
+TOKEN = "a-shared-token-of-32-characters!"
+
+
+def test_a_token_protected_server_refuses_strangers_and_plays_agentrls_own_client(
+        serve_env, tmp_path, monkeypatch) -> None:
+    from agentrl.envs.adapters.remote import RemoteEnvError
+    from agentrl.envs.registry import make
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    url = serve_env("agentrl/Calculator-v0", "--token-file", str(token_file))
+    monkeypatch.delenv("AGENTRL_TOKEN", raising=False)
+    monkeypatch.delenv("AGENTRL_TOKEN_FILE", raising=False)
+    with pytest.raises(urllib.error.HTTPError) as refused:  # a stranger's GET
+        urllib.request.urlopen(f"{url}/schema", timeout=30)
+    assert refused.value.code == 401
+    with pytest.raises(RemoteEnvError, match="HTTP 401"):  # agentrl's client, no token
+        make("agentrl/OpenEnv-v0", url=url)
+    monkeypatch.setenv("AGENTRL_TOKEN_FILE", str(token_file))  # the trainer's side
+    env, remote = make("agentrl/Calculator-v0"), make("agentrl/OpenEnv-v0", url=url)
+    assert remote.reset(seed=5)[0] == env.reset(seed=5)[0]
+    assert remote.tool_schemas() == env.tool_schemas()
+    remote.close()

@@ -22,6 +22,7 @@ import urllib.request
 from typing import Any, NamedTuple
 
 from agentrl.config.extras import require
+from agentrl.config.token import load_token, token_headers
 from agentrl.envs.adapters.remote import RemoteEnvError
 from agentrl.text import brief, exception_message
 
@@ -108,7 +109,8 @@ class WebSocketSession:
             core = require("openenv.core", "an OpenEnv environment")
             self._client = core.GenericEnvClient(
                 base_url=self.url, connect_timeout_s=self.connect_timeout_s,
-                message_timeout_s=self.timeout_s).sync()
+                message_timeout_s=self.timeout_s,
+                headers=token_headers(load_token()) or None).sync()  # serve-env's token
         try:
             return fn(self._client)
         except Exception as exc:  # noqa: BLE001 - classified, never raised as it is
@@ -186,7 +188,8 @@ class HttpSession:
     def _request(self, what: str, body: dict[str, Any] | None) -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(f"{self.url}/{what}", data=data,
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json",
+                                                  **token_headers(load_token())})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 raw = response.read()
@@ -215,8 +218,9 @@ class HttpSession:
 
 def fetch_json(url: str, timeout_s: float) -> Any:
     """``GET url`` as JSON; RemoteEnvError (named) when it fails."""
+    request = urllib.request.Request(url, headers=token_headers(load_token()))
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         raise RemoteEnvError("env_server_error", f"{url}: HTTP {exc.code}") from None
