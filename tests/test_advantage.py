@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentrl.advantage import compute_advantages, rollout_advantages
-from agentrl.reassembler import RewardMismatchError, to_rows
+from agentrl.reassembler import RewardMismatchError, rollout_validity, to_rows
 from tests.factories import rollout
 
 
@@ -67,9 +67,9 @@ def test_uniform_group_gives_zero_and_groups_never_mix():
 
 def test_one_bad_row_masks_the_whole_rollout():
     bad = rollout("a", "G", 1.0, num_rows=3)
-    bad.segments[1].valid = False
     rows = to_rows([bad, rollout("b", "G", 0.0), rollout("c", "G", 1.0)])
-    assert [r.valid for r in rows] == [False, False, False, True, True]
+    rows[1].valid = False  # one row of rollout a failed
+    assert rollout_validity(rows) == {"a": False, "b": True, "c": True}
     advantages = compute_advantages(rows)
     assert advantages[:3] == [0.0, 0.0, 0.0]
     assert advantages[3:] == [-0.5, 0.5]  # baseline over b and c only

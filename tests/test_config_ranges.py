@@ -56,6 +56,8 @@ OUT_OF_RANGE = [
     ("rollout.rollout_timeout_s", -1.0, "a finite number > 0"),
     ("rollout.max_concurrent_rollouts", 0, "an integer >= 1"),
     ("rollout.max_extra_collections", -1, "an integer >= 0"),
+    ("rollout.max_retries", -1, "an integer >= 0"),
+    ("rollout.max_tool_errors", 0, "an integer >= 1"),
     ("compaction.max_context_tokens", 0, "an integer >= 1"),
     ("compaction.keep_last_turns", -1, "an integer >= 0"),
     ("compaction.max_compactions", -2, "an integer >= 0"),
@@ -99,6 +101,8 @@ OUT_OF_RANGE = [
     ("model.lora.dropout", 1.0, "a finite number in [0, 1)"),
     ("environments.0.harness.timeout_s", 0.0, "a finite number > 0"),
     ("environments.0.harness.max_requests", 0, "an integer >= 1"),
+    ("environments.0.harness.max_open_files", 0, "an integer >= 1"),
+    ("environments.0.harness.max_processes", 0, "an integer >= 1"),
     ("endpoint.port", -1, "an integer >= 0"),
 ]
 

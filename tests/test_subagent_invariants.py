@@ -21,7 +21,12 @@ from hypothesis import strategies as st
 
 from agentrl.advantage import compute_advantages, rollout_advantages
 from agentrl.packing import collate, pack
-from agentrl.reassembler import RewardMismatchError, check_reward_copies, to_rows
+from agentrl.reassembler import (
+    RewardMismatchError,
+    check_reward_copies,
+    rollout_validity,
+    to_rows,
+)
 from agentrl.rollout.segment_builder import SegmentBuilder
 from agentrl.staleness import StalenessError, check_bound
 from agentrl.train.trainer import split_by_rollout
@@ -142,11 +147,13 @@ def test_one_bad_row_or_copy_in_any_thread_is_caught(groups, data) -> None:
     rollouts = [r for g in build_groups(groups, 0, data.draw) for r in g.rollouts]
     victim = data.draw(st.sampled_from(rollouts))
     index = data.draw(st.integers(0, len(victim.segments) - 1))
-    victim.segments[index].valid = False  # a row of some thread failed
     rows = to_rows(rollouts)
+    mine = [i for i, row in enumerate(rows) if row.rollout_id == victim.rollout_id]
+    rows[mine[min(index, len(mine) - 1)]].valid = False  # a row of some thread failed
+    assert not rollout_validity(rows)[victim.rollout_id]
     for row, advantage in zip(rows, compute_advantages(rows), strict=True):
         if row.rollout_id == victim.rollout_id:
-            assert not row.valid and advantage == 0.0
+            assert advantage == 0.0
     mine = [i for i, row in enumerate(rows) if row.rollout_id == victim.rollout_id]
     if len(mine) > 1:
         rows[data.draw(st.sampled_from(mine))].reward += 1.0

@@ -219,7 +219,7 @@ class FlakyFileEnv(AgentEnv):
 
 def test_check_env_retries_a_reset_that_fails_now_and_then(tmp_path, capsys):
     counter = tmp_path / "failures"
-    argv = ["check-env", "tests.rollout.test_failures:FlakyFileEnv", "--kwargs",
+    argv = ["check-env", "tests.rollout.test_failure_classes:FlakyFileEnv", "--kwargs",
             json.dumps({"counter": str(counter)})]
     counter.write_text("1")
     assert main(argv) == 0
