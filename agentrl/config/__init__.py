@@ -4,28 +4,21 @@ checks, the four-knob accounting, the lr schedule.
 The names below are the stable API (``from agentrl.config import load_config, Config``).
 """
 
+from agentrl.config.env_settings import EndpointConfig, EnvironmentConfig, HarnessConfig
 from agentrl.config.load import config_from_dict, load_config
+from agentrl.config.log_settings import CostsConfig, LogConfig, MlflowConfig, WandbConfig
 from agentrl.config.ranges import ConfigError
-from agentrl.config.settings import (
+from agentrl.config.rollout_settings import CompactionConfig, RolloutConfig
+from agentrl.config.settings import Config, num_local_engines
+from agentrl.config.train_settings import (
     SEQUENCE_LEVEL_AGGREGATIONS,
     AdvantageConfig,
     BatchConfig,
-    CompactionConfig,
-    Config,
-    CostsConfig,
-    EndpointConfig,
-    EnvironmentConfig,
-    HarnessConfig,
-    LogConfig,
     LoRAConfig,
     LossConfig,
-    MlflowConfig,
     ModelConfig,
     OptimConfig,
-    RolloutConfig,
     TrainConfig,
-    WandbConfig,
-    num_local_engines,
 )
 
 __all__ = [

@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import msgspec
 
+from agentrl.config.env_settings import HarnessConfig
 from agentrl.config.ranges import ConfigError, check_ranges
-from agentrl.config.settings import (
-    SEQUENCE_LEVEL_AGGREGATIONS,
-    Config,
-    HarnessConfig,
-    LossConfig,
-    RolloutConfig,
-    num_local_engines,
-)
+from agentrl.config.rollout_settings import RolloutConfig
+from agentrl.config.settings import Config, num_local_engines
+from agentrl.config.train_settings import SEQUENCE_LEVEL_AGGREGATIONS, LossConfig
 
 
 def validate(config: Config) -> None:

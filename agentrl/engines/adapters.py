@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agentrl.config.settings import LoRAConfig
+from agentrl.config.train_settings import LoRAConfig
 from agentrl.engines.interface import WeightSyncError
 from agentrl.model.lora import target_names
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from agentrl.config.settings import LoRAConfig
+from agentrl.config.train_settings import LoRAConfig
 from agentrl.engines.adapters import complete_update, unused_versions
 from agentrl.engines.interface import WeightSyncError
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agentrl.config.settings import LoRAConfig
+from agentrl.config.train_settings import LoRAConfig
 from agentrl.model.args import ModelArgs
 
 ADAPTER_SUFFIXES = (".lora_A.weight", ".lora_B.weight")

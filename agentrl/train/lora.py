@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from agentrl.config.settings import LoRAConfig
+from agentrl.config.train_settings import LoRAConfig
 from agentrl.model.args import read_args
 from agentrl.model.lora import adapter_shapes, initial_adapter_state
 from agentrl.model.peft_format import read_adapter, read_adapter_config
