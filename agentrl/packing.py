@@ -12,6 +12,9 @@ Three steps, each a small function:
 
 ``collate`` then turns one micro-batch's rows into one dense row with ``cu_seqlens`` so that
 attention never crosses rows, and aligns every per-token field to next-token targets.
+Its three speed features, none of which changes what is trained (one host-to-device
+copy per micro-batch, the last tokens that do no work left out, shape padding), live in
+``agentrl.collate_speed``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import msgspec
 import numpy as np
 import torch
 
+from agentrl.collate_speed import copy_to_device, dead_ends, padding_row, shape_padding
 from agentrl.shared_prefix import Piece, pieces
 from agentrl.staleness import token_versions
 from agentrl.types import Row
@@ -281,30 +285,6 @@ class MicroBatch(msgspec.Struct, kw_only=True):
         return msgspec.structs.replace(self, **dict(zip(names, moved, strict=True)))
 
 
-_ALIGN = 8
-"""Byte alignment of each tensor in the transfer buffer (the widest element)."""
-
-
-def copy_to_device(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """``tensors`` on ``device`` through one byte buffer: packed on the host (pinned when
-    the device is a GPU), copied once without blocking the host, and cut back into views
-    of each tensor's dtype and shape on the device. The copy is ordered on the current
-    stream before the kernels that read it."""
-    sizes = [t.numel() * t.element_size() for t in tensors]
-    starts = [0]
-    for size in sizes:
-        starts.append(starts[-1] + -(-size // _ALIGN) * _ALIGN)
-    pinned = device.type == "cuda"
-    buffer = torch.empty(starts[-1], dtype=torch.uint8, pin_memory=pinned)
-    for t, start, size in zip(tensors, starts, sizes, strict=False):
-        if size:
-            buffer[start:start + size].copy_(t.detach().contiguous().reshape(-1)
-                                             .view(torch.uint8))
-    on_device = buffer.to(device, non_blocking=pinned)
-    return [on_device[start:start + size].view(t.dtype).view(t.shape)
-            for t, start, size in zip(tensors, starts, sizes, strict=False)]
-
-
 def collate(
     rows: Sequence[Row], advantages: Sequence[float], indices: Sequence[int],
     trained_version: int | None = None, share_prefixes: bool = False, token_multiple: int = 1,
@@ -337,7 +317,7 @@ def collate(
         segments.append(Piece(-1, 0, padding))
     lengths = torch.tensor([p.end - p.start for p in segments], dtype=torch.int64)
     # one list → tensor conversion per segment (in C); everything after is tensor ops
-    source = [*chosen, _padding_row(padding)]  # a padding segment names row -1
+    source = [*chosen, padding_row(padding)]  # a padding segment names row -1
     ids = torch.cat([torch.tensor(source[p.row].token_ids[p.start:p.end], dtype=torch.int64)
                      for p in segments])
     mask = torch.cat([torch.tensor(source[p.row].loss_mask[p.start:p.end],
@@ -396,40 +376,6 @@ def collate(
         num_rows=len(chosen),
         num_tokens=int(kept["mask"].sum()),
     )
-
-
-def dead_ends(segments: Sequence[Piece]) -> list[bool]:
-    """Per segment, whether its last token does no work in training, so ``collate`` leaves
-    it out: a row's last token predicts nothing, and no position attends to it unless
-    other segments continue after it (a shared prefix). Padding and one-token segments
-    keep theirs. Measured on the 8-layer bench shape, 128 rows of ~41 own tokens each: 2%
-    of an update's tokens."""
-    continued = {p.prefix for p in segments}
-    return [p.row >= 0 and p.end - p.start > 1 and i not in continued
-            for i, p in enumerate(segments)]
-
-
-def shape_padding(rows: Sequence[Row], segments: Sequence[Piece], multiple: int
-                  ) -> tuple[int, int]:
-    """(tokens, head positions) of padding that round a micro-batch of ``segments`` to
-    multiples of ``multiple``: its token count, and the count of positions the LM head
-    computes (its generated targets, then that many of the padding's positions, so the
-    padding segment is made long enough to hold them). (0, 0) for a multiple of 1."""
-    if multiple == 1:
-        return 0, 0
-    tokens = sum(p.end - p.start for p in segments) - sum(dead_ends(segments))
-    # a segment's position t is trained when token t + 1 was generated and the row is valid
-    heads = sum(sum(rows[p.row].loss_mask[p.start + 1:p.end]) for p in segments
-                if rows[p.row].valid)
-    head_padding = -heads % multiple
-    padding = -tokens % multiple
-    return padding + (multiple if padding < head_padding else 0), head_padding
-
-
-def _padding_row(length: int) -> Row:
-    """``length`` masked tokens (id 0) that train nothing: a micro-batch's padding."""
-    return Row(rollout_id="", group_id="", env="", segment=0, token_ids=[0] * length,
-               loss_mask=[0] * length, logprobs=[0.0] * length, reward=0.0, valid=False)
 
 
 def _empty_micro_batch(trained_version: int | None = None) -> MicroBatch:

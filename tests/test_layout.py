@@ -33,8 +33,8 @@ LAYERS: list[tuple[str, ...]] = [
 PACKAGES = {"config", "envs", "engines", "rollout", "train", "observe", "model", "parallel",
             "memory", "sandbox", "transcripts", "commands", "curriculum"}
 BASE = {"types", "text"}
-DATA_PLANE = {"sampler", "reassembler", "advantage", "packing", "shared_prefix", "loss",
-              "staleness"}
+DATA_PLANE = {"sampler", "reassembler", "advantage", "packing", "collate_speed",
+              "shared_prefix", "loss", "staleness"}
 ALIASES = {"env": "envs", "tools": "envs"}
 """Stable one-line re-exports of the old paths (``agentrl.env``, ``agentrl.tools``)."""
 ENTRY = {"cli": "cli", "__main__": "cli"}

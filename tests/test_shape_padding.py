@@ -16,9 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentrl.collate_speed import dead_ends, shape_padding
 from agentrl.loss import LossConfig
 from agentrl.model.logprobs import chunked_target_logprobs
-from agentrl.packing import collate, dead_ends, shape_padding
+from agentrl.packing import collate
 from agentrl.shared_prefix import pieces
 from agentrl.train.update import forward_backward, score, target_scores, with_logprobs
 from tests.test_shared_prefix import MODEL, group_rows

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from agentrl.advantage import compute_advantages
+from agentrl.collate_speed import copy_to_device
 from agentrl.engines.router import EngineRouter
 from agentrl.loss import scores_proximal_policy
 from agentrl.observe.compaction import run_declines
@@ -50,7 +51,7 @@ from agentrl.observe.profile import (
     traced,
 )
 from agentrl.observe.writers import read_metrics
-from agentrl.packing import MicroBatch, collate, copy_to_device, plan_micro_batches
+from agentrl.packing import MicroBatch, collate, plan_micro_batches
 from agentrl.parallel import groups
 from agentrl.parallel.caches import return_freed_heap
 from agentrl.parallel.fsdp import clip_grad_norm
