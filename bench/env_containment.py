@@ -29,7 +29,7 @@ import numpy as np
 
 from agentrl.config import config_from_dict
 from agentrl.engines.interface import Generation
-from agentrl.envs.agent_env import AgentEnv, Grade, Task
+from agentrl.envs import AgentEnv, Grade, Task
 from agentrl.rollout.runner import RolloutRunner
 from agentrl.sampler import EnvironmentSampler
 from agentrl.types import Message

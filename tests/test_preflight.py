@@ -11,7 +11,7 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
-from agentrl.envs.agent_env import AgentEnv, Task
+from agentrl.envs import AgentEnv, Task
 from agentrl.model import build_tiny_checkpoint
 from agentrl.train.preflight import CHECKS, Preflight, accepted_keywords, run_checks
 from agentrl.types import Message

@@ -5,9 +5,10 @@ The names below are the stable API (``from agentrl.envs import AgentEnv, tool``;
 names are importable from ``agentrl``).
 """
 
-from agentrl.envs.agent_env import AgentEnv, Grade, Task
+from agentrl.envs.agent_env import AgentEnv
 from agentrl.envs.registry import make
 from agentrl.envs.subagents import subagent
+from agentrl.envs.task import Grade, Task
 from agentrl.envs.tools import format_call, tool
 
 __all__ = ["AgentEnv", "Grade", "Task", "format_call", "make", "subagent", "tool"]

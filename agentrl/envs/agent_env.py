@@ -56,13 +56,15 @@ Writing an environment: subclass, implement ``sample_task(rng) -> Task`` and
 ``demonstrate(messages) -> str | None`` (for ``agentrl sft`` and ``agentrl check-env``).
 A subclass ``__init__`` must call ``super().__init__(**kwargs)``. See
 ``docs/writing-environments.md`` and ``examples/custom_env/`` (one in under 60 lines).
+
+``Task``, ``Grade`` and the train/eval split of a task key are :mod:`agentrl.envs.task`;
+the tool-turn machinery (tool calls, subagent threads, turn limits) is
+:mod:`agentrl.envs.turns`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from collections import Counter
 from typing import Any
 
 import gymnasium
@@ -72,48 +74,21 @@ import numpy as np
 from agentrl.envs.parsers import make_parser
 from agentrl.envs.spaces import MessageSpace, TextSpace
 from agentrl.envs.subagents import (
-    PendingStep,
-    SubagentCall,
     SubagentResult,
     ThreadBook,
     collect_subagents,
 )
+from agentrl.envs.task import SPLITS, Grade, Task, split_of_key
 from agentrl.envs.tools import (
     MAX_OUTPUT_CHARS,
-    BoundTool,
     ToolCallParser,
     collect_tools,
-    run_call,
 )
+from agentrl.envs.turns import ToolTurns
 from agentrl.types import MAIN_THREAD, Message
 
-SPLITS = ("train", "eval")
 
-
-class Task(msgspec.Struct):
-    """One task: the opening messages, the ground truth for the verifier, and a key."""
-
-    messages: list[Message]
-    answer: Any = None
-    """Whatever ``grade`` needs (a number, an expression's numbers and target, ...)."""
-    key: str = ""
-    """Canonical identity of the task; decides its split (train or eval)."""
-
-
-class Grade(msgspec.Struct):
-    """A verifier's verdict: the reward and its named components (for logging)."""
-
-    reward: float
-    components: dict[str, float] = {}
-
-
-def split_of_key(key: str, eval_fraction: float) -> str:
-    """The split a task key belongs to, by a stable hash (same on every machine and run)."""
-    digest = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
-    return "eval" if digest / 2**64 < eval_fraction else "train"
-
-
-class AgentEnv(gymnasium.Env[list[Message], str]):
+class AgentEnv(gymnasium.Env[list[Message], str], ToolTurns):
     """Base of every agentrl environment; see the module docstring for the contract."""
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}  # fps: silences check_env
@@ -344,85 +319,6 @@ class AgentEnv(gymnasium.Env[list[Message], str]):
         if name in _SET_BY_INIT:
             raise TypeError(missing_init_message(type(self)))
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def _read_turn(self, history: list[Message], action: str) -> list:
-        """Record the model's reply in a thread's history; the tool calls it holds."""
-        if not isinstance(action, str):
-            raise ValueError(f"action must be the model's text (str), got {type(action)}")
-        history.append(Message("assistant", action))
-        return self.parser.parse(action)
-
-    def _toolset(self, thread_id: str) -> dict[str, BoundTool]:
-        """The tools and subagents a thread may call, by name."""
-        if thread_id != MAIN_THREAD:
-            return self.named_tools(self.threads.threads[thread_id].bound.spec.tools)
-        if self.main_tools is None:
-            return self.named_tools([*self.tools, *self.subagents])
-        return self.named_tools(self.main_tools)
-
-    def named_tools(self, names: Any) -> dict[str, BoundTool]:
-        """These ``@tool`` and ``@subagent`` methods (a subagent as its task builder)."""
-        every = {**self.tools, **{n: b.as_tool for n, b in self.subagents.items()}}
-        return {name: every[name] for name in names if name in every}
-
-    def _tool_turn(self, thread_id: str, calls: list, info: dict[str, Any]) -> tuple:
-        """Run a turn's calls; a turn that started subagents waits for ``complete_step``."""
-        observation, subagent_calls = self._run_calls(calls, info, thread_id)
-        if not subagent_calls:
-            return self._end_turn(thread_id, observation, info)
-        names = {c.thread_id: c.name for c in subagent_calls}
-        self.threads.pending[thread_id] = PendingStep(observation, subagent_calls, names, info)
-        return [], 0.0, False, False, {**info, "subagent_calls": subagent_calls}
-
-    def _end_turn(self, thread_id: str, observation: list[Message], info: dict[str, Any]
-                  ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        """Record a tool turn's observation; truncated at the thread's turn limit."""
-        if thread_id == MAIN_THREAD:
-            self.history.extend(observation)
-            truncated = self._turn >= self.max_turns
-            self._done = truncated
-        else:
-            state = self.threads.threads[thread_id]
-            state.history.extend(observation)
-            truncated = state.turn >= state.max_turns
-            state.done = truncated
-        return [msgspec.structs.replace(m) for m in observation], 0.0, False, truncated, info
-
-    def _run_calls(self, calls: list, info: dict[str, Any], thread_id: str = MAIN_THREAD
-                   ) -> tuple[list[Any], list[SubagentCall]]:
-        """Each call's tool message, in order; a subagent call leaves a hole (None) that
-        its answer fills, and opens a thread."""
-        errors: Counter[str] = Counter()
-        tools = self._toolset(thread_id)
-        observation: list[Any] = []
-        subagent_calls: list[SubagentCall] = []
-        for index, call in enumerate(calls):
-            if index >= self.max_tool_calls_per_turn:
-                errors["too_many_calls"] += len(calls) - index
-                observation.append(Message(
-                    "tool", f"Error (too_many_calls): only {self.max_tool_calls_per_turn} "
-                    "tool calls run per turn; the rest were skipped", "error"))
-                break
-            self.calling_thread = thread_id
-            try:
-                outcome = run_call(tools, call, self.tool_timeout_s,
-                                   self.max_tool_output_chars)
-            finally:
-                self.calling_thread = MAIN_THREAD
-            if outcome.error is not None:
-                errors[outcome.error] += 1
-            elif call.name in self.subagents:  # the result is the subagent's task text
-                bound = self.subagents[call.name]
-                schemas = [t.spec.schema()
-                           for t in self.named_tools(bound.spec.tools).values()]
-                subagent_calls.append(self.threads.open(
-                    thread_id, bound, outcome.message.content, call.arguments, schemas,
-                    self.max_turns))
-                observation.append(None)
-                continue
-            observation.append(outcome.message)
-        info["tool_errors"] = dict(errors)
-        return observation, subagent_calls
 
 
 _SET_BY_INIT = frozenset({"observation_space", "action_space", "tools", "subagents",

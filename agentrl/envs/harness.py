@@ -16,8 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.envs.agent_env import Grade
 from agentrl.envs.registry import load_object
+from agentrl.envs.task import Grade
 
 PYTHON_NAMES = ("python", "python3")
 """A command's first word that means the interpreter agentrl runs in."""

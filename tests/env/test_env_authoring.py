@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.cli import main
-from agentrl.envs.agent_env import AgentEnv, Task
+from agentrl.envs import AgentEnv, Task
 from agentrl.envs.registry import make
 from agentrl.envs.tools import format_call, tool
 from agentrl.types import Message

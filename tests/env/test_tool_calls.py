@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrl.envs.agent_env import AgentEnv, Task
+from agentrl.envs import AgentEnv, Task
 from agentrl.envs.tools import HermesParser, ToolCall, ToolCallError, build_spec, tool
 from agentrl.types import Message
 

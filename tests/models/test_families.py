@@ -14,7 +14,7 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.config import CompactionConfig, RolloutConfig
-from agentrl.envs.agent_env import AgentEnv, Grade, Task
+from agentrl.envs import AgentEnv, Grade, Task
 from agentrl.envs.parsers import adopt_tool_format
 from agentrl.envs.tools import tool
 from agentrl.model import load_tokenizer

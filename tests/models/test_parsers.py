@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrl.envs.agent_env import AgentEnv, Task
+from agentrl.envs import AgentEnv, Task
 from agentrl.envs.parsers import PARSERS, adopt_tool_format, detect_tool_format, make_parser
 from agentrl.envs.tools import HermesParser, ToolCall, ToolCallError, tool
 from agentrl.model.chat_template import QWEN25_CHAT_TEMPLATE

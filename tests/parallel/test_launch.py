@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from agentrl.envs.agent_env import AgentEnv, Grade, Task
+from agentrl.envs import AgentEnv, Grade, Task
 from agentrl.types import Message
 from tests.parallel.ranks import free_port
 from tests.train.test_train_e2e import _metrics, _train, _weights, _without_times

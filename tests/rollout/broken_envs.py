@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from agentrl.envs.agent_env import AgentEnv, Grade, Task
+from agentrl.envs import AgentEnv, Grade, Task
 from agentrl.types import Message
 
 OK_STEP = ([], 1.0, True, False, {})

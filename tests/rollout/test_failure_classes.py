@@ -11,7 +11,7 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.config import config_from_dict
-from agentrl.envs.agent_env import AgentEnv, Task
+from agentrl.envs import AgentEnv, Task
 from agentrl.observe.costs import length_figures
 from agentrl.rollout.env_contract import FAILURE_CLASSES, INVALID_KINDS
 from agentrl.rollout.episode import CURRENT_ROLLOUT

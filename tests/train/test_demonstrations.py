@@ -13,7 +13,7 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.config import ConfigError, config_from_dict
-from agentrl.envs.agent_env import AgentEnv, Grade, Task
+from agentrl.envs import AgentEnv, Grade, Task
 from agentrl.envs.demonstrations import demonstration_policies, load_trajectories
 from agentrl.rollout.demonstrations import play_demonstrations
 from agentrl.types import Message

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from agentrl.cli import main
-from agentrl.envs.agent_env import AgentEnv, Grade, Task
+from agentrl.envs import AgentEnv, Grade, Task
 from agentrl.model import build_tiny_checkpoint, load_pretrained
 from agentrl.rollout.health import InvalidRateMonitor, RunStopped, invalid_figures
 from agentrl.train.update import UpdateStats, step_if_finite

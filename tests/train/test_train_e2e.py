@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agentrl.cli import main
-from agentrl.envs.agent_env import AgentEnv, Grade, Task
+from agentrl.envs import AgentEnv, Grade, Task
 from agentrl.model import build_tiny_checkpoint, load_pretrained
 from agentrl.model.checkpoint import load_pretrained as load_again  # same loader, by name
 from agentrl.types import Message

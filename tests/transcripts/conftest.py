@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from agentrl.cli import main
-from agentrl.envs.agent_env import AgentEnv, Task
+from agentrl.envs import AgentEnv, Task
 from agentrl.model import build_tiny_checkpoint
 from agentrl.types import Message
 

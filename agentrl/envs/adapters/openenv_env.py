@@ -51,7 +51,8 @@ from agentrl.envs.adapters.openenv_session import (
     offers_websocket,
 )
 from agentrl.envs.adapters.remote import RemoteEnvError
-from agentrl.envs.agent_env import SPLITS, AgentEnv
+from agentrl.envs.agent_env import AgentEnv
+from agentrl.envs.task import SPLITS
 from agentrl.types import Message
 
 NAMESPACE = "openenv"

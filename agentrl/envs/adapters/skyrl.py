@@ -37,7 +37,8 @@ import gymnasium
 import numpy as np
 
 from agentrl.config.extras import require
-from agentrl.envs.agent_env import AgentEnv, Task
+from agentrl.envs.agent_env import AgentEnv
+from agentrl.envs.task import Task
 from agentrl.types import Message
 
 NAMESPACE = "skyrl"
