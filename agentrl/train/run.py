@@ -433,10 +433,10 @@ def seed_everything(seed: int) -> None:
 
 
 def resolve_model_dir(config: Config, run_dir: Path) -> Path:
-    """The model folder: ``model.path`` (see ``preflight.locate_model_dir``), or a tiny built-in
-    checkpoint built once into ``RUN_DIR/base_model``."""
+    """The model folder: ``model.path`` (see ``preflight_facts.locate_model_dir``), or a
+    tiny built-in checkpoint built once into ``RUN_DIR/base_model``."""
     if config.model.path:
-        from agentrl.train.preflight import locate_model_dir
+        from agentrl.train.preflight_facts import locate_model_dir
 
         return locate_model_dir(config.model.path)
     from agentrl.model import build_tiny_checkpoint
