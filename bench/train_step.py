@@ -110,7 +110,7 @@ def trainer_layout(model_path: Path) -> object:
 
     from agentrl.parallel import groups
     from agentrl.parallel.fsdp import load_sharded
-    from agentrl.train.run import read_model_state
+    from agentrl.train.run_parts import read_model_state
 
     groups.init_process_group(600.0)
     return load_sharded(model_path, read_model_state(model_path), torch.float32,

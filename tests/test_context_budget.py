@@ -14,7 +14,8 @@ from agentrl.envs.context_budget import budget_problem, measure_first_prompt
 from agentrl.envs.registry import make
 from agentrl.model.tiny import tiny_tokenizer
 from agentrl.rollout.multi_turn import RolloutSpec, play_rollout
-from agentrl.train.preflight import Preflight, check_context_budget
+from agentrl.train.preflight_facts import Preflight
+from agentrl.train.preflight_sizes import check_context_budget
 from tests.rollout.stand_ins import RecordingEngine, ScriptedEngine
 
 

@@ -13,7 +13,8 @@ from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
 from agentrl.envs import AgentEnv, Task
 from agentrl.model import build_tiny_checkpoint
-from agentrl.train.preflight import CHECKS, Preflight, accepted_keywords, run_checks
+from agentrl.train.preflight import CHECKS, run_checks
+from agentrl.train.preflight_facts import Preflight, accepted_keywords
 from agentrl.types import Message
 
 POSITIONS = 512

@@ -12,7 +12,8 @@ from agentrl.envs.context_budget import subagent_prompt_tokens
 from agentrl.envs.registry import make
 from agentrl.memory.plan import describe_memory_plan, plan_memory
 from agentrl.model.shapes import KNOWN_SHAPES
-from agentrl.train.preflight import Preflight, run_checks
+from agentrl.train.preflight import run_checks
+from agentrl.train.preflight_facts import Preflight
 from environments.docqa import READER_SYSTEM, DocQAEnv
 
 DOCQA = "configs/docqa.toml"

@@ -67,7 +67,7 @@ def _evaluate_adapter(config: Any, args: argparse.Namespace) -> int:
 
     lora, base = read_adapter_config(args.checkpoint)
     if not Path(base).is_dir():  # the recorded base is elsewhere: the config's model
-        from agentrl.train.preflight import locate_model_dir
+        from agentrl.train.preflight_facts import locate_model_dir
 
         base = str(locate_model_dir(config.model.path))
     config = msgspec.structs.replace(

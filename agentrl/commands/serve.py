@@ -155,7 +155,7 @@ def _serve_builtin(config: Any, args: argparse.Namespace, token: str | None) -> 
     from agentrl.engines.server import EngineServer, serve_forever
     from agentrl.model import load_tokenizer, read_args
     from agentrl.rollout.harness_endpoint import serving_sessions
-    from agentrl.train.run import resolve_model_dir
+    from agentrl.train.run_parts import resolve_model_dir
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)

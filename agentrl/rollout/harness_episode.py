@@ -32,7 +32,9 @@ from typing import Any
 from agentrl.config import HarnessConfig, RolloutConfig
 from agentrl.envs.harness import HarnessProgram, own_python, play_task
 from agentrl.rollout.env_contract import EnvError, describe, scaled_reward
-from agentrl.rollout.env_guard import GuardedEnv, ProcessCaller, ThreadCaller
+from agentrl.rollout.env_guard import GuardedEnv
+from agentrl.rollout.env_process_caller import ProcessCaller
+from agentrl.rollout.env_thread_caller import ThreadCaller
 from agentrl.rollout.harness_endpoint import HarnessEndpoint
 from agentrl.rollout.harness_session import HarnessSession
 from agentrl.rollout.multi_turn import RolloutSpec

@@ -78,7 +78,7 @@ def check_tokenizer(config: Config, base: str | None) -> tuple[Any, str, str | N
     say why), the tiny built-in one stands in, with the reason."""
     from agentrl.model import load_tokenizer
     from agentrl.model.base import GENERIC_BASE
-    from agentrl.train.preflight import Preflight, locate_model_dir
+    from agentrl.train.preflight_facts import Preflight, locate_model_dir
 
     path = config.model.path
     if base is None and (not path or _exists(path, locate_model_dir)):

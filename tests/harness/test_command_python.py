@@ -13,7 +13,8 @@ from agentrl.config import ConfigError
 from agentrl.envs.adapters.openenv_launch import command_argv
 from agentrl.rollout.harness_episode import _command_line
 from agentrl.sandbox.interpreter import NOBODY
-from agentrl.train.preflight import check_harnesses, run_checks
+from agentrl.train.preflight import run_checks
+from agentrl.train.preflight_parts import check_harnesses
 from tests.harness.conftest import harness_config
 
 

@@ -15,7 +15,8 @@ from agentrl.engines.interface import SamplingParams
 from agentrl.engines.torch_engine import TorchEngine
 from agentrl.model import load_pretrained, load_tokenizer, read_args
 from agentrl.rollout.harness_session import HarnessSession, SessionLimits
-from agentrl.train.preflight import Preflight, check_micro_batch_budget, check_positions
+from agentrl.train.preflight_facts import Preflight
+from agentrl.train.preflight_sizes import check_micro_batch_budget, check_positions
 from tests.harness.conftest import CALC_AGENT, harness_config
 
 NEW_TOKENS = 8

@@ -26,7 +26,7 @@ from agentrl.parallel.fsdp import (
     shard_model,
 )
 from agentrl.train.optimizer import build_optimizer
-from agentrl.train.run import read_model_state
+from agentrl.train.run_parts import read_model_state
 from agentrl.train.update import forward_backward
 from tests.parallel.ranks import spawn_ranks
 from tests.test_update import CFG, COST, make_model, make_rows, micro_batches_for

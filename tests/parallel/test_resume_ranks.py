@@ -28,7 +28,7 @@ from agentrl.train.checkpoint import (
     step_dir,
 )
 from agentrl.train.optimizer import build_optimizer
-from agentrl.train.run import read_model_state
+from agentrl.train.run_parts import read_model_state
 from agentrl.train.update import forward_backward
 from tests.parallel.ranks import spawn_ranks
 from tests.test_update import CFG, COST, make_model, make_rows, micro_batches_for

@@ -12,7 +12,8 @@ import pytest
 
 from agentrl.envs.registry import make
 from agentrl.rollout.env_contract import EnvError
-from agentrl.rollout.env_guard import GuardedEnv, InlineCaller, ThreadCaller
+from agentrl.rollout.env_guard import GuardedEnv
+from agentrl.rollout.env_thread_caller import InlineCaller, ThreadCaller
 from agentrl.rollout.env_threads import ENV_THREADS, ThreadPool
 from agentrl.rollout.episode import isolation_of
 

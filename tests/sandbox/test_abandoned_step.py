@@ -13,7 +13,7 @@ import pytest
 
 from agentrl.envs.registry import make
 from agentrl.rollout.env_contract import EnvError
-from agentrl.rollout.env_guard import ThreadCaller
+from agentrl.rollout.env_thread_caller import ThreadCaller
 from agentrl.sandbox import bwrap_problem
 
 pytestmark = pytest.mark.filterwarnings("ignore:isolation = \"process\"")
