@@ -196,7 +196,8 @@ def _dry_run_checks(report: Any, tmp: Path) -> None:
 
 
 def _vllm_checks(report: Any, tmp: Path) -> None:
-    from agentrl.engines.vllm_engine import VLLMEngine, vllm_available
+    from agentrl.engines.vllm_engine import VLLMEngine
+    from agentrl.engines.vllm_setup import vllm_available
 
     if not vllm_available():
         report.skip("[engines] vLLM replicas", "vllm is not installed (pip install -e '.[gpu]')")

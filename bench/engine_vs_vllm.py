@@ -122,7 +122,7 @@ def vllm_engine(spec: dict):
     from vllm.inputs import TokensPrompt
 
     from agentrl.engines.interface import SamplingParams
-    from agentrl.engines.vllm_engine import to_vllm_params
+    from agentrl.engines.vllm_setup import to_vllm_params
     from agentrl.model import read_args
     from agentrl.model.kv_cache import kv_cache_bytes
 

@@ -229,7 +229,7 @@ def vllm_ready(machine: Machine) -> str | None:
     """Why the vLLM run cannot happen here, or None."""
     if machine.dry_run:
         return "dry run on the CPU (the vLLM CPU path is tested by .ci/vllm)"
-    from agentrl.engines.vllm_engine import vllm_available
+    from agentrl.engines.vllm_setup import vllm_available
 
     return None if vllm_available() else "vllm is not installed (pip install agentrl[gpu])"
 

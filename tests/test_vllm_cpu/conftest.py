@@ -14,7 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from agentrl.engines.vllm_engine import VLLMEngine, vllm_available
+from agentrl.engines.vllm_engine import VLLMEngine
+from agentrl.engines.vllm_setup import vllm_available
 from agentrl.model import build_tiny_checkpoint, load_pretrained, load_tokenizer
 
 if os.environ.get("AGENTRL_REQUIRE_VLLM") == "1" and not vllm_available():

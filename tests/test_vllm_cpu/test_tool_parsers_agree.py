@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.engines.vllm_engine import vllm_available
+from agentrl.engines.vllm_setup import vllm_available
 from agentrl.envs.parsers import make_parser
 from agentrl.envs.tools import ToolCall, ToolCallError
 from tests.models.families import build_family_checkpoint

@@ -13,7 +13,8 @@ from agentrl.config import LoRAConfig, config_from_dict
 from agentrl.engines.adapters import AdapterVersions
 from agentrl.engines.interface import SamplingParams, WeightSyncError
 from agentrl.engines.torch_engine import TorchEngine
-from agentrl.engines.vllm_engine import VLLMEngine, vllm_available
+from agentrl.engines.vllm_engine import VLLMEngine
+from agentrl.engines.vllm_setup import vllm_available
 from agentrl.model import load_pretrained, read_args
 from agentrl.model.lora import initial_adapter_state
 from agentrl.model.peft_format import read_adapter

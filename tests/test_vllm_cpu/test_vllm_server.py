@@ -14,7 +14,7 @@ import pytest
 from agentrl.engines.collective import free_port
 from agentrl.engines.interface import SamplingParams
 from agentrl.engines.remote import RemoteEngine
-from agentrl.engines.vllm_engine import vllm_available
+from agentrl.engines.vllm_setup import vllm_available
 from tests.test_vllm_cpu.test_vllm_engine import (
     PROMPTS,
     forward_logprobs,

@@ -8,7 +8,7 @@ import pytest
 from agentrl.config import config_from_dict
 from agentrl.engines.interface import SamplingParams
 from agentrl.engines.torch_engine import TorchEngine
-from agentrl.engines.vllm_engine import vllm_available
+from agentrl.engines.vllm_setup import vllm_available
 from agentrl.model import load_pretrained
 from agentrl.observe.writers import read_metrics
 from agentrl.parallel.fsdp import full_state_dict
