@@ -5,6 +5,8 @@ to them after every step (no shared filesystem: gloo over TCP)."""
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -51,8 +53,18 @@ id = "tests.train.test_train_e2e:ShortAnswerEnv"
 
 
 @pytest.fixture
-def two_servers(ckpt_b, tmp_path):
-    """Two servers on checkpoint B (the trainer starts from A: only syncs align them)."""
+def shared_token(monkeypatch) -> str:
+    """The run's shared token in ``$AGENTRL_TOKEN``, for the servers spawned after it (they
+    inherit the environment) and the trainer alike: the README's two-machine recipe."""
+    token = "two-machines-share-this-secret-token"
+    monkeypatch.setenv("AGENTRL_TOKEN", token)
+    return token
+
+
+@pytest.fixture
+def two_servers(ckpt_b, tmp_path, shared_token):
+    """Two servers on checkpoint B (the trainer starts from A: only syncs align them),
+    each demanding the shared token on every route but /health."""
     config = tmp_path / "serve.toml"
     config.write_text(SERVE_CONFIG.format(model=ckpt_b))
     servers = spawn_servers(config, 2, threads=1)
@@ -76,7 +88,10 @@ def test_training_generates_on_two_servers_and_keeps_their_weights_in_step(
     want = greedy_ids(final)
     assert want != greedy_ids(engine_on(ckpt_b))  # else the check below could not fail
     for url in two_servers:
-        remote = RemoteEngine(url).connect()
+        with pytest.raises(urllib.error.HTTPError) as refused:  # a stranger, no token
+            urllib.request.urlopen(f"{url}/agentrl/info", timeout=30)
+        assert refused.value.code == 401
+        remote = RemoteEngine(url).connect()  # the token from $AGENTRL_TOKEN
         # placement is about replicas started here: a server is never put to sleep
         assert remote._get("/is_sleeping")["is_sleeping"] is False
         info = remote._get("/agentrl/info")
