@@ -197,7 +197,8 @@ def test_a_step_holding_the_gil_is_cut_off_in_a_worker_process(tokenizer):
     _, result = collect(tokenizer, config)
     seconds = time.perf_counter() - start
     gil = [r for r in result.rollouts if r.env == "gil"]
-    assert all(r.stats.error_kind == "step_timeout" for r in gil) and len(gil) == 2
+    kinds = [(r.stats.error_kind, r.stats.error, r.retry_of) for r in gil]
+    assert all(r.stats.error_kind == "step_timeout" for r in gil) and len(gil) == 2, kinds
     assert "worker process was killed" in gil[0].stats.error
     assert all(r.valid for r in result.rollouts if r.env == "ok")
     assert seconds < 10.0, seconds  # in-process the two steps would hold the loop ~20 s
