@@ -9,7 +9,9 @@ from pathlib import Path
 
 import msgspec
 
+from agentrl.envs import AgentEnv
 from agentrl.envs.parsers.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
+from agentrl.envs.tools import tool
 from agentrl.model import build_tiny_checkpoint
 from agentrl.model.tiny import SPECIAL_TOKENS, TOOL_TOKENS, TokenizerLayout
 
@@ -78,3 +80,18 @@ def build_family_checkpoint(path: Path, name: str) -> Path:
     return build_tiny_checkpoint(path, family=family.architecture, hidden_size=32,
                                  num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=420,
                                  layout=family.layout)
+
+
+class AddToolEnv(AgentEnv):
+    """The test environments' one tool, ``add(a, b)``: integer arguments exercise every
+    family's argument encoding; subclasses give the task, turns and grade."""
+
+    @tool
+    def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first.
+            b: The second.
+        """
+        return a + b

@@ -14,15 +14,14 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.config import CompactionConfig, RolloutConfig
-from agentrl.envs import AgentEnv, Grade, Task
+from agentrl.envs import Grade, Task
 from agentrl.envs.parsers import adopt_tool_format
-from agentrl.envs.tools import tool
 from agentrl.model import load_tokenizer
 from agentrl.rollout.chat_style import ChatStyle
 from agentrl.rollout.multi_turn import RolloutSpec, play_rollout
 from agentrl.rollout.template_check import prepare_chat
 from agentrl.types import Message
-from tests.models.families import FAMILIES, build_family_checkpoint
+from tests.models.families import FAMILIES, AddToolEnv, build_family_checkpoint
 from tests.models.rows import assert_rows_hold_engine_tokens
 from tests.rollout.stand_ins import RecordingEngine, ScriptedEngine
 
@@ -63,20 +62,10 @@ def test_each_template_is_classified_at_load_time(checkpoints, name):
     assert ("appends every turn" in finding.describe()) == (not rewrites)
 
 
-class AddEnv(AgentEnv):
+class AddEnv(AddToolEnv):
     """Add two numbers with the tool, twice, then answer "done"."""
 
     max_turns = 4
-
-    @tool
-    def add(self, a: int, b: int) -> int:
-        """Add two integers.
-
-        Args:
-            a: The first.
-            b: The second.
-        """
-        return a + b
 
     def sample_task(self, rng: np.random.Generator) -> Task:
         return Task([Message("system", "Use the tools."), Message("user", "Add twice.")],
@@ -171,21 +160,11 @@ id = "tests.models.test_families:NudgeEnv"
 """
 
 
-class NudgeEnv(AgentEnv):
+class NudgeEnv(AddToolEnv):
     """A random model rarely calls a tool: a reply without a call gets one user nudge, so
     every rollout is multi-turn; the reward is the reply's length parity (mixed)."""
 
     max_turns = 3
-
-    @tool
-    def add(self, a: int, b: int) -> int:
-        """Add two integers.
-
-        Args:
-            a: The first.
-            b: The second.
-        """
-        return a + b
 
     def sample_task(self, rng: np.random.Generator) -> Task:
         self.nudged = False

@@ -8,11 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrl.envs import AgentEnv, Task
+from agentrl.envs import Task
 from agentrl.envs.parsers import PARSERS, adopt_tool_format, detect_tool_format, make_parser
-from agentrl.envs.tools import HermesParser, ToolCall, ToolCallError, tool
+from agentrl.envs.tools import HermesParser, ToolCall, ToolCallError
 from agentrl.model.chat_template import QWEN25_CHAT_TEMPLATE
 from agentrl.types import Message
+from tests.models.families import AddToolEnv
 from tests.models.tool_call_corpus import CORPUS, SCHEMAS
 
 CASES = [(fmt, *case) for fmt, cases in CORPUS.items() for case in cases]
@@ -45,20 +46,10 @@ def test_format_call_round_trips_through_parse(fmt, name, arguments):
     assert parser.parse(parser.format_call(name, arguments)) == [ToolCall(name, arguments)]
 
 
-class CalcEnv(AgentEnv):
+class CalcEnv(AddToolEnv):
     """One tool; answers "done"."""
 
     max_turns = 3
-
-    @tool
-    def add(self, a: int, b: int) -> int:
-        """Add two integers.
-
-        Args:
-            a: The first.
-            b: The second.
-        """
-        return a + b
 
     def sample_task(self, rng: np.random.Generator) -> Task:
         return Task([Message("user", "add")], key="t")
