@@ -69,8 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "settings the context budget is measured against and the "
                              "scripted episodes are played under, as `agentrl sft` plays "
                              "them (default: the tiny built-in tokenizer and default "
-                             "settings); the environment's kwargs come from the config when "
-                             "it lists the same id and --kwargs is not given")
+                             "settings); when the config lists the same id, its entry is "
+                             "checked, with --kwargs laid over its kwargs")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override one config setting")
     parser.add_argument("--base", default=None,
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.train.demonstration_check import config_for_check
 
     args.run_config = config_for_check(args.config, args.overrides, args.env_id,
-                                       args.env_kwargs, args.kwargs.strip() not in ("", "{}"))
+                                       args.env_kwargs)
     env_config = args.run_config.environments[0]
     args.env_id, args.env_kwargs = env_config.id, env_config.kwargs
     args.name = env_config.display_name()

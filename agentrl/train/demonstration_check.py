@@ -36,11 +36,13 @@ FIXES = {
 """The knob to turn for each truncation reason of a scripted episode."""
 
 
-def config_for_check(path: str | None, overrides: list[str], env_id: str, kwargs: dict,
-                     kwargs_given: bool) -> Config:
+def config_for_check(path: str | None, overrides: list[str], env_id: str,
+                     kwargs: dict) -> Config:
     """The config check-env plays under: ``path`` (or the defaults) with the ``--set``
-    overrides applied and one environment, the config's own entry for this id when it
-    lists one and no ``--kwargs`` were given, else ``env_id`` with ``kwargs``."""
+    overrides applied and one environment: the config's own entry for this id when it
+    lists one (its name, its kwargs with ``--kwargs`` laid over them: ``{"num_pages":
+    48}`` checks a longer read of the same environment), else ``env_id`` with
+    ``kwargs``."""
     from agentrl.config import EnvironmentConfig, config_from_dict, load_config
     from agentrl.config.load import apply_override
 
@@ -52,8 +54,8 @@ def config_for_check(path: str | None, overrides: list[str], env_id: str, kwargs
             apply_override(raw, override)
         config = config_from_dict(raw, source="check-env --set")
     listed = [e for e in config.environments if _same_id(e.id, env_id)]
-    env_config = (listed[0] if listed and not kwargs_given
-                  else EnvironmentConfig(id=env_id, kwargs=kwargs))
+    env_config = (msgspec.structs.replace(listed[0], kwargs={**listed[0].kwargs, **kwargs})
+                  if listed else EnvironmentConfig(id=env_id, kwargs=kwargs))
     return msgspec.structs.replace(config, environments=[env_config])
 
 
@@ -131,11 +133,24 @@ def play_as_sft(config: Config, tokenizer: Any, ws: WarmStartConfig
                f"{strategies}, compaction.max_context_tokens "
                f"{config.compaction.max_context_tokens}): {len(played)} played, "
                f"{counts['correct']} correct, {counts['graded']} graded wrong (left out: a "
-               f"weak demonstrator's wrong answers)")
+               f"weak demonstrator's wrong answers){_compaction_figures(played)}")
     problems = _failures(played, config, name)
     if counts["truncated/context_budget"]:
         problems += _unfit_turn(list(recorded.values()), config, tokenizer, name)
     return summary, problems
+
+
+def _compaction_figures(played: list[Rollout]) -> str:
+    """Compactions per episode by what made them, and the share of the needed facts seen
+    before a compaction that it kept: whether the scripted summaries carry the facts."""
+    if not played:
+        return ""
+    causes = Counter(c.strategy for r in played for c in r.stats.compactions)
+    per_episode = ", ".join(f"{n / len(played):.2f} {s}" for s, n in sorted(causes.items()))
+    revealed = sum(len(c.facts_revealed) for r in played for c in r.stats.compactions)
+    kept = sum(len(c.facts_kept) for r in played for c in r.stats.compactions)
+    survival = f"; needed facts kept {kept} of {revealed}" if revealed else ""
+    return f"; compactions per episode: {per_episode or 'none'}{survival}"
 
 
 def _recording(policy: Policy, recorded: dict[int, Any]) -> Policy:

@@ -171,3 +171,22 @@ def test_a_broken_hook_is_named_before_the_warm_start_exists(tmp_path, capsys):
     errors = [line for line in out.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "needed_facts(messages) takes arguments" in errors[0]
     assert "note: not checked against the budget (`agentrl sft` cannot fit" in out
+
+
+def test_kwargs_lay_over_the_configs_entry_and_the_summaries_are_counted(tmp_path, capsys):
+    """--kwargs checks a longer read of the config's own entry (its name and its other
+    kwargs kept), and the summary line says how often the episodes compacted and how many
+    of the needed facts the compactions kept."""
+    path = tmp_path / "book.toml"
+    path.write_text(CONFIG.format(id=f"{HERE}:CorrectLedger"))
+    status = main(["check-env", f"{HERE}:CorrectLedger", "--config", str(path),
+                   "--num-demonstrations", "4", "--kwargs", '{"num_pages": 9}'])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert re.search(r"^  book  system \d+ \+ tools", out, re.M)  # the config's name
+    figures = re.search(r"compactions per episode: (.*?); needed facts kept (\d+) of (\d+)",
+                        out)
+    assert figures and "1.00 tool" in figures[1] and "drop_oldest" in figures[1]
+    assert figures[2] == figures[3] != "0"
+    # the page headers of the 9-page read, with the config's 40 filler words a page
+    assert "Page 9 of 9." in out and "of 5." not in out
