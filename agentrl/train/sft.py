@@ -114,6 +114,10 @@ class WarmStartConfig(msgspec.Struct, kw_only=True):
     demonstrations, for a tiny model from random weights that must carry facts (a
     tool's result, an entry across a compaction): ~2,000 steps form the circuit."""
     copy_lr: float = 1e-3
+    recall_rows: int = 0
+    """Recall rows (``agentrl.curriculum.recall``: facts, then questions answered by name,
+    the loss on the answers) added to every step beside the demonstrations: dense practice
+    of lookup, copy and sum, for building a base."""
     strategies: list[str] = []
     """Compaction strategies to play the demonstrations under, each an equal share (e.g.
     ["tool", "summarize"]: one warm start that knows both); empty: the config's."""
@@ -240,6 +244,8 @@ def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str |
         model = load_pretrained(source)
         tokenizer = load_tokenizer(source)
         prepare_chat(tokenizer, config.model)  # demonstrations in the model's tool format
+        if ws.recall_rows:
+            from agentrl.curriculum.recall import recall_rows
         if ws.copy_steps:
             from agentrl.train.copy_pretrain import copy_pretrain
 
@@ -257,8 +263,10 @@ def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str |
             for group in optimizer.param_groups:
                 group["lr"] = sft_lr(step, ws.num_steps, ws.lr, ws.warmup_steps,
                                      ws.lr_schedule)
-            loss = sft_step(model, rng.sample(rows, min(ws.rows_per_step, len(rows))),
-                            optimizer, budget)
+            batch = rng.sample(rows, min(ws.rows_per_step, len(rows)))
+            if ws.recall_rows:
+                batch += recall_rows(rng, tokenizer.encode, ws.recall_rows)
+            loss = sft_step(model, batch, optimizer, budget)
             if step % 50 == 0 or step == ws.num_steps - 1:
                 log(f"sft step {step}: loss {loss:.4f} per generated token, "
                     f"lr {optimizer.param_groups[0]['lr']:.2e}")
