@@ -58,9 +58,10 @@ def doc_files(text: str) -> dict[str, str]:
 
 
 def doc_commands(text: str) -> list[list[str]]:
-    """Every ``agentrl ...`` line of the page's bash blocks, in order, without ``agentrl``
+    """Every ``agentrl ...`` command of the page's bash blocks (a trailing ``\\`` continues
+    it on the next line), in order, without ``agentrl``
     (and without a trailing ``# comment``)."""
-    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    blocks = [b.replace("\\\n", " ") for b in re.findall(r"```bash\n(.*?)```", text, re.S)]
     lines = [line.strip() for block in blocks for line in block.splitlines()]
     return [shlex.split(line, comments=True)[1:] for line in lines
             if line.startswith("agentrl ")]
