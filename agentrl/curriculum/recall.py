@@ -6,7 +6,8 @@ per row and learns the format long before the lookup (measured on the first base
 fact asked 0.59, two facts 0.20, their sum 0.05). A recall row is plain text with no
 chat: a list of facts in one of the drills' line formats, among filler, then several
 questions, each answered the way the drills answer (``ink = 3, salt = 4, sum = 7``) or
-kept the way their summaries keep (``Kept: ink = 3.``). The loss is on the answers only,
+kept the way their summaries keep (``Kept: ink = 3.``); half the rows carry page headers
+with numbers up to 99 among the facts. The loss is on the answers only,
 so every trained token is a lookup by name, a copy, or a sum: the generic skills, never
 a task's layout. ``agentrl sft --recall-rows N`` adds N of them to every step.
 """
@@ -30,7 +31,11 @@ def recall_text(rng: random.Random, max_facts: int = 10,
     form = rng.choice(FACT_FORMATS)
     lines = [form.format(name=n, value=values[n]) for n in names]
     body = []
+    page, last = _pages(rng)
     for line in lines:
+        if page is not None and rng.random() < 0.3:  # numbers a read's headers carry
+            body.append(f"\nPage {page} of {last}.\n")
+            page = min(page + 1, last)
         body += [rng.choice(FILLER) for _ in range(rng.randint(0, 4))] + [f"\n{line}\n"]
     pieces: list[tuple[str, bool]] = [(" ".join(body).replace(" \n", "\n").replace("\n ", "\n")
                                        .replace("\n\n", "\n").strip() + "\n", False)]
@@ -39,6 +44,15 @@ def recall_text(rng: random.Random, max_facts: int = 10,
         question, answer = _query(rng, kind, names, values)
         pieces += [(question, False), (answer, True)]
     return pieces
+
+
+def _pages(rng: random.Random) -> tuple[int | None, int]:
+    """A first page number and the last, up to 99, for headers among the facts (half the
+    rows): the lookup must not depend on which numbers the context holds."""
+    if rng.random() < 0.5:
+        return None, 0
+    last = rng.randint(2, 99)
+    return rng.randint(1, last), last
 
 
 def _query(rng: random.Random, kind: str, names: list[str],
