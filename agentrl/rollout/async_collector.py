@@ -28,6 +28,7 @@ also name the carried groups, so that a resume regenerates each exactly once.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import threading
 import time
@@ -88,6 +89,10 @@ class AsyncCollector:
         self._pool = CarryPool(max_staleness, set(resume["trained"]))
         self._next_draw = int(resume["draw"])
         self._running: set[asyncio.Task] = set()
+        self._queue: collections.deque[Any] = collections.deque()
+        """Drawn groups not started yet, oldest draw first (``CarryPool``: refill)."""
+        self._max_running = 0
+        """Groups running at once: one draw's worth."""
         self._idle_since: float | None = None
         self._idle_s = 0.0
         self._thread = threading.Thread(target=self._main, name="agentrl-collector",
@@ -293,6 +298,7 @@ class AsyncCollector:
             if keeps or not (self._running or self._validations):
                 self._apply_pending(in_flight=keeps)
             self._start_draws(step)
+            self._start_queued()
             with self._lock:
                 groups = self._pool.take(step)
             if groups is None:
@@ -302,7 +308,8 @@ class AsyncCollector:
             step += 1
 
     def _start_draws(self, step: int) -> None:
-        """Start the draws up to ``step + 1`` whose bound the engine's weights meet."""
+        """Draw the tasks of collections up to ``step + 1`` whose bound the engine's
+        weights meet, and queue their groups."""
         while self._next_draw <= min(step + 1, self.last_step):
             draw, version = self._next_draw, engine_version(self.engine)
             if version < draw - 1 - self.max_staleness:
@@ -310,14 +317,21 @@ class AsyncCollector:
             with self._lock:  # the sampler state before it, for checkpoints
                 self._sampler_states[draw] = self.sampler.state_dict()
                 tasks = self.runner.draw(draw, self.num_rollouts)
-                started = self._pool.add_draw(draw, tasks, version)
+                self._queue.extend(self._pool.add_draw(draw, tasks, version))
                 self._next_draw += 1
-            for pending in started:
-                self._note_busy()
-                task = asyncio.ensure_future(self.runner.collect_group(
-                    pending.group_id, pending.env, pending.task_seed))
-                self._running.add(task)
-                task.add_done_callback(self._on_group_done)
+            self._max_running = self._max_running or len(tasks)
+
+    def _start_queued(self) -> None:
+        """Start queued groups while fewer than one draw's worth run."""
+        while self._queue and len(self._running) < self._max_running:
+            pending = self._queue.popleft()
+            with self._lock:
+                self._pool.started(pending, engine_version(self.engine))
+            self._note_busy()
+            task = asyncio.ensure_future(self.runner.collect_group(
+                pending.group_id, pending.env, pending.task_seed))
+            self._running.add(task)
+            task.add_done_callback(self._on_group_done)
 
     def _on_group_done(self, task: asyncio.Task) -> None:
         self._running.discard(task)
@@ -356,7 +370,8 @@ class AsyncCollector:
         """(Under the lock) the sampler state before the first draw with a group not
         trained before ``step``, and which of its groups were (``CarryPool``)."""
         first, trained = self._pool.resume_point(step, self._next_draw)
-        state = self._sampler_states.get(first) or self.sampler.state_dict()
+        state = (self._sampler_states[first] if first < self._next_draw
+                 else self.sampler.state_dict())
         return {**state, "carry_over": {"draw": first, "trained": trained}}
 
     def _forget_before(self, step: int) -> None:

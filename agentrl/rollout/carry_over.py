@@ -4,8 +4,9 @@ With ``rollout.max_staleness = k >= 1`` and ``rollout.carry_over`` the asynchron
 collector (``agentrl.rollout.async_collector``) does not wait for a collection's slowest
 group before the next one starts. The sampler still draws each collection's tasks as
 one *draw* (the same per-environment allocation, the same group ids ``s<draw>-g<i>``),
-but draw ``c + 1`` starts as soon as the engine's weights are recent enough for it,
-while draw ``c``'s slow groups still run. Collection ``s`` is then due once, for every
+but draw ``c + 1`` is made as soon as the engine's weights are recent enough for it, and
+its groups start in the places draw ``c``'s finished groups leave while its slow ones
+still run. Collection ``s`` is then due once, for every
 environment, it can take its *quota* (the number of groups draw ``s`` gave that
 environment) from the complete groups of draws ``s`` and ``s + 1``; a group still
 running carries over to the next collection, where it counts towards that
@@ -15,6 +16,13 @@ collection's quota. A GRPO group is taken only whole (all its rollouts done).
 ``v`` (in-flight updates only make later tokens newer), so it may be trained by step
 ``v + 1 + k`` at the latest: its *deadline*. A running group whose deadline is ``s``
 cannot carry over; collection ``s`` waits for it. Nothing is ever discarded.
+
+**Refill.** At most one draw's worth of groups runs at once (as many as without
+carry-over): a drawn group starts when a running one ends, oldest draw first. So the
+next draw's groups take the places the finished groups of a slow collection leave,
+rather than sharing the engine with all of them (which would delay the collection the
+trainer waits for), and a group that starts after newer weights arrived gets a later
+deadline and may carry over.
 
 **Why it always fits.** Draw ``c`` starts only under weights ``v >= c - 1 - k`` (so its
 deadline is ``>= c``), and only while collection ``c - 1`` is the oldest not yet formed
@@ -52,7 +60,8 @@ class Pending:
     """Its place in the draw (``s<draw>-g<index>``)."""
     task_seed: int
     deadline: int
-    """The last step that may train it: its start version + 1 + max_staleness."""
+    """The last step that may train it: its start version + 1 + max_staleness (until it
+    starts, from the version its draw was made under: a lower bound)."""
     group: Group | None = None
     collection: int | None = None
     """The step whose collection took it."""
@@ -72,7 +81,7 @@ class CarryPool:
         same number."""
 
     def add_draw(self, draw: int, tasks: list[tuple[str, Any]], version: int) -> list[Pending]:
-        """Record draw ``draw``'s tasks ((group id, TaskDraw) each) started under weights
+        """Record draw ``draw``'s tasks ((group id, TaskDraw) each), made under weights
         of ``version``; returns the groups to start (those not trained already)."""
         deadline = version + 1 + self.max_staleness
         if deadline < draw:
@@ -87,6 +96,10 @@ class CarryPool:
             self.groups[group_id] = pending
             started.append(pending)
         return started
+
+    def started(self, pending: Pending, version: int) -> None:
+        """``pending`` starts now, under weights of ``version`` (>= its draw's)."""
+        pending.deadline = max(pending.deadline, version + 1 + self.max_staleness)
 
     def complete(self, group: Group) -> None:
         """A started group finished (all its rollouts)."""

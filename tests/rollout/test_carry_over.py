@@ -39,31 +39,40 @@ def _draw(sampler: EnvironmentSampler, step: int) -> list[tuple[str, object]]:
 
 
 def _simulate(data, k: int, steps: int, resume_at: int | None = None):
-    """Run the collector's schedule (two draws in play, each started once the weights
-    allow it) with groups finishing in an order hypothesis picks, the trainer publishing
-    version s after taking collection s. Returns the collections and the drawn ids."""
+    """Run the collector's schedule (two draws in play, each drawn once the weights allow
+    it, its groups started as places free up) with hypothesis picking, at every turn,
+    which running group ends or whether the trainer publishes the version of the last
+    collection it took. Returns the collections and the drawn group ids."""
     sampler = EnvironmentSampler(ENVS, seed=data.draw(st.integers(0, 100)))
     pool, states, collections = CarryPool(k), {}, {}
-    next_draw, version, step, running, drawn = 1, 0, 1, [], set()
+    next_draw, version, step, queue, running, drawn = 1, 0, 1, [], [], set()
     while step <= steps:
         while next_draw <= min(step + 1, steps) and version >= next_draw - 1 - k:
             states[next_draw] = sampler.state_dict()
             tasks = _draw(sampler, next_draw)
             drawn |= {gid for gid, _ in tasks}
-            running += [(p, version) for p in pool.add_draw(next_draw, tasks, version)]
+            queue += pool.add_draw(next_draw, tasks, version)
             next_draw += 1
+        while queue and len(running) < GROUPS:  # refill, oldest draw first
+            pool.started(queue[0], version)
+            running.append((queue.pop(0), version))
         taken = pool.take(step)
         if taken is not None:
             collections[step] = (taken, Counter(pool.quotas[step]))
             if step == resume_at:  # a checkpoint after training it, then a resume
                 first, trained = pool.resume_point(step + 1, next_draw)
                 sampler.load_state_dict(states.get(first, sampler.state_dict()))
-                pool, next_draw = CarryPool(k, set(trained)), first
-                running = []
-            step, version = step + 1, step  # trained at once: publishes version step
+                pool, next_draw, queue, running = CarryPool(k, set(trained)), first, [], []
+                version = step
+            step += 1
             continue
-        assert running, f"collection {step} can never be due"
-        pending, started = running.pop(data.draw(st.integers(0, len(running) - 1)))
+        can_publish = version < step - 1  # trained collections not yet published
+        choice = data.draw(st.integers(0 if can_publish else 1, len(running)))
+        assert running or can_publish, f"collection {step} can never be due"
+        if choice == 0:
+            version += 1
+            continue
+        pending, started = running.pop(choice - 1)
         pool.complete(_group(pending.group_id, pending.env, started))
     return collections, drawn
 
