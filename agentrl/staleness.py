@@ -14,10 +14,13 @@ weight updates (``rollout.inflight_updates``) swapped them mid-rollout.
 The bound rule (documented in the README): no rollout is ever discarded for staleness
 (dropping the slow ones would drop the hard tasks: a length bias). The asynchronous
 collector keeps every token within ``max_staleness`` by construction: it starts the
-collection of step ``s`` only once the engine holds weights of version ``>= s - 1 - k``
-and hands it over complete, waiting for its slowest rollout rather than leaving it
-behind. :func:`check_bound` verifies that when a collection reaches the trainer; a token
-past the bound is a bug in the collector and stops the step naming the rollout.
+tasks drawn for step ``s`` only once the engine holds weights of version
+``>= s - 1 - k``; with ``rollout.carry_over`` a group still running when its collection
+is due carries over to the next one only if none of its tokens would then be past the
+bound, and is waited for otherwise (``agentrl.rollout.carry_over``); without it each
+collection waits for its slowest rollout. :func:`check_bound` verifies that when a
+collection reaches the trainer; a token past the bound is a bug in the collector and
+stops the step naming the rollout.
 """
 
 from __future__ import annotations
@@ -106,9 +109,14 @@ def staleness_figures(rollouts: Sequence[Rollout], trained_version: int,
     return out
 
 
-def asynchronous_figures(engine_idle_s: float) -> dict[str, float]:
-    """``time/engine_idle`` of one asynchronously collected step."""
-    return {"time/engine_idle": engine_idle_s}
+def asynchronous_figures(engine_idle_s: float,
+                         carried_groups: int | None = None) -> dict[str, float]:
+    """``time/engine_idle`` of one asynchronously collected step, and with carry-over
+    ``collection/carried_groups`` (groups drawn for an earlier collection)."""
+    out = {"time/engine_idle": engine_idle_s}
+    if carried_groups is not None:
+        out["collection/carried_groups"] = float(carried_groups)
+    return out
 
 
 class StalenessError(RuntimeError):

@@ -1,6 +1,7 @@
 """Hard (slow) tasks keep their share of training under asynchronous collection.
 
     python -m bench.long_tail [--steps N] [--groups G] [--ks 0,1,2] [--slow 5]
+                              [--carry-over both|on|off]
 
 A mix of two environments through the real runner and the real asynchronous collector
 (``agentrl.rollout.async_collector``): ``quick`` (every tool call takes ``step_s``) and
@@ -9,12 +10,17 @@ by default: twice the tool calls, each 2.5x slower, so twice the generated token
 engine is a stand-in that sleeps per generation (the schedule, not the model, is what is
 measured) and the trainer a stand-in that sleeps ``train_s`` per step and publishes the
 next weight version. For each k (0: collect, then
-train; k >= 1: generation runs up to k versions ahead) it prints, over every step:
+train; k >= 1: generation runs up to k versions ahead, with ``rollout.carry_over`` on
+and off: ``--carry-over both``) it prints, over every step:
 
 - the hard tasks' share of the tasks the sampler drew, and their share of the rollouts
-  handed to the trainer (equal when no rollout is left behind: a collection waits for
-  its slowest rollout, ``agentrl.staleness``; dropping the groups still running, or
-  past a staleness bound, would lose exactly the hard ones);
+  handed to the trainer (equal when no rollout is left behind: a group still running
+  when its collection is due carries over to the next one or is waited for,
+  ``agentrl.rollout.carry_over``; without carry-over a collection waits for its slowest
+  rollout; dropping the groups still running, or past a staleness bound, would lose
+  exactly the hard ones);
+- the groups trained in a later collection than the one they were drawn for (carried
+  over), and how many of them were hard;
 - the generated tokens per rollout of the rollouts trained against every rollout
   generated, per environment (``length/trained_mean`` / ``length/generated_mean``);
 - the oldest token trained (at most k) and steps per second.
@@ -34,6 +40,7 @@ from agentrl.engines.interface import Generation, SamplingParams
 from agentrl.model.tiny import tiny_tokenizer
 from agentrl.observe.costs import PlayedCosts, length_figures
 from agentrl.rollout.async_collector import AsyncCollector
+from agentrl.rollout.carry_over import draw_of
 from agentrl.rollout.runner import RolloutRunner
 from agentrl.sampler import EnvironmentSampler
 from agentrl.staleness import engine_version, oldest_version
@@ -124,6 +131,7 @@ class Tally:
 
     def __init__(self) -> None:
         self.trained = [0, 0]  # hard, all (rollouts handed to the trainer)
+        self.carried = [0, 0]  # hard, all (groups trained after the step drawn for)
         self.oldest_age = 0
         self.played: dict[str, PlayedCosts] = {}
         self.rollouts: list[Any] = []
@@ -133,6 +141,9 @@ class Tally:
             hard = int(group.env == "longtail" and group.task_seed % HARD_EVERY == 0)
             self.trained[0] += hard * len(group.rollouts)
             self.trained[1] += len(group.rollouts)
+            if draw_of(group.group_id) < step:
+                self.carried[0] += hard
+                self.carried[1] += 1
             for rollout in group.rollouts:
                 version = oldest_version(rollout)
                 if version is not None:
@@ -143,9 +154,10 @@ class Tally:
 
 
 def run(k: int, steps: int, groups: int, step_s: float, slow: float, gen_s: float,
-        train_s: float) -> tuple[Tally, float, tuple[int, int]]:
-    """``steps`` steps at staleness ``k``: the tally, the wall seconds and the tasks drawn
-    for the trained steps (hard, all; collections drawn ahead and never trained left out)."""
+        train_s: float, carry_over: bool = False) -> tuple[Tally, float, tuple[int, int]]:
+    """``steps`` steps at staleness ``k`` (with carry-over and in-flight weight updates
+    when ``carry_over``): the tally, the wall seconds and the tasks drawn for the trained
+    steps (hard, all; collections drawn ahead and never trained left out)."""
     cfg = config(groups, k)
     tokenizer = tiny_tokenizer(0)
     engine = SleepyEngine(tokenizer, gen_s)
@@ -160,7 +172,8 @@ def run(k: int, steps: int, groups: int, step_s: float, slow: float, gen_s: floa
             time.sleep(train_s)
             engine.update_weights({}, step)
         return tally, time.perf_counter() - start, sampler.drawn
-    collector = AsyncCollector(runner, sampler, num_rollouts, k, 1, steps)
+    collector = AsyncCollector(runner, sampler, num_rollouts, k, 1, steps,
+                               inflight_updates=carry_over, carry_over=carry_over)
     try:
         for step in range(1, steps + 1):
             tally.add(step, collector.next_collection(step))
@@ -183,22 +196,28 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=0.02)
     parser.add_argument("--gen-s", type=float, default=0.01)
     parser.add_argument("--train-s", type=float, default=0.3)
+    parser.add_argument("--carry-over", choices=("both", "on", "off"), default="both",
+                        help="k >= 1 with rollout.carry_over on, off, or both in turn")
     args = parser.parse_args()
     print(f"{args.steps} steps of {args.groups} groups x 4 rollouts, environments quick and "
           f"longtail (1 in {HARD_EVERY} longtail tasks {args.slow:g}x slower)")
-    print("k | hard share: sampled tasks, trained rollouts | tokens per rollout "
-          "trained/generated (quick, longtail) | oldest token trained | steps/s")
+    print("k | carry-over | hard share: sampled tasks, trained rollouts | carried groups "
+          "(hard/all) | tokens per rollout trained/generated (quick, longtail) | oldest "
+          "token trained | steps/s")
+    modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.carry_over]
     for k in (int(x) for x in args.ks.split(",")):
-        tally, seconds, drawn = run(k, args.steps, args.groups, args.step_s, args.slow, args.gen_s,
-                             args.train_s)
-        lengths = length_figures(tally.rollouts, tally.played)
-        per_env = ", ".join(
-            f"{lengths.get(f'env/{e}/length/trained_mean', 0):.1f}/"
-            f"{lengths.get(f'env/{e}/length/generated_mean', 0):.1f}"
-            for e in ("quick", "longtail"))
-        print(f"{k} | {drawn[0] / drawn[1]:.3f}, "
-              f"{tally.trained[0] / tally.trained[1]:.3f} | {per_env} | "
-              f"{tally.oldest_age} | {args.steps / seconds:.2f}")
+        for carry in modes if k else (False,):
+            tally, seconds, drawn = run(k, args.steps, args.groups, args.step_s, args.slow,
+                                        args.gen_s, args.train_s, carry)
+            lengths = length_figures(tally.rollouts, tally.played)
+            per_env = ", ".join(
+                f"{lengths.get(f'env/{e}/length/trained_mean', 0):.1f}/"
+                f"{lengths.get(f'env/{e}/length/generated_mean', 0):.1f}"
+                for e in ("quick", "longtail"))
+            print(f"{k} | {'on' if carry else 'off'} | {drawn[0] / drawn[1]:.3f}, "
+                  f"{tally.trained[0] / tally.trained[1]:.3f} | {tally.carried[0]}/"
+                  f"{tally.carried[1]} | {per_env} | {tally.oldest_age} | "
+                  f"{args.steps / seconds:.2f}")
 
 
 if __name__ == "__main__":

@@ -132,6 +132,16 @@ class RolloutConfig(_Section):
     """With max_staleness >= 1: new weights reach the engine between two decode steps and
     running rollouts continue under them (tokens record their version); otherwise the
     engine takes new weights only between collections."""
+    carry_over: bool = True
+    """With max_staleness >= 1: the next collection's groups start without waiting for
+    the slowest group of the one before, and a collection is handed to the trainer once
+    it holds its quota of complete groups (per environment, as the sampler drew them);
+    groups still running then carry over and are trained in the next collection, whose
+    quota they count towards, unless one of their tokens would then be older than
+    max_staleness: such a group is waited for. Nothing is discarded, groups stay whole.
+    false: each collection is handed over complete, its slowest group included. Not used
+    with filter_uniform_groups or train.deterministic (collections are then complete).
+    Resume a checkpoint with the value it was written with."""
     collector: Literal["thread", "process"] = "thread"
     """With max_staleness >= 1, where the rollout side (engine replicas, environments,
     runner) runs. "thread": a thread of the trainer's process. "process": a process of its

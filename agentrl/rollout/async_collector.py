@@ -17,11 +17,18 @@ after its updates it :meth:`publish`-es the new weights. Checkpoints store the s
 state from before the first untrained collection (:meth:`sampler_state_before`), so a
 resumed run regenerates exactly the collections whose training was lost, with the same
 rollout ids and tasks, and discards nothing that was trained.
+
+With ``carry_over`` (``rollout.carry_over``) the next collection's groups start without
+waiting for the slowest group of the one before, and a collection is handed over once it
+holds its quota of complete groups; groups still running carry over to the next one
+unless that would break the bound (``agentrl.rollout.carry_over``). Checkpoints then
+also name the carried groups, so that a resume regenerates each exactly once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import threading
 import time
@@ -31,6 +38,7 @@ from typing import Any
 import msgspec
 import torch
 
+from agentrl.rollout.carry_over import CarryPool, check_resumable, draw_of
 from agentrl.rollout.runner import CollectionResult
 from agentrl.staleness import check_bound, engine_version
 
@@ -44,11 +52,14 @@ class AsyncCollector:
     def __init__(
         self, runner: Any, sampler: Any, num_rollouts: int, max_staleness: int,
         first_step: int, last_step: int, inflight_updates: bool = False,
+        carry_over: bool = False, resume: dict[str, Any] | None = None,
     ) -> None:
         """Produce collections ``first_step .. last_step`` of ``num_rollouts`` each with
         ``runner`` (whose engine must not share the trainer's module), starting with the
         first :meth:`next_collection` call: nothing is generated before training starts
-        (e.g. during the validation at step 0)."""
+        (e.g. during the validation at step 0). ``carry_over``: groups still running
+        when their collection is due carry over (module doc); ``resume``: the
+        ``"carry_over"`` entry of the checkpoint's sampler state, if any."""
         if max_staleness < 1:
             raise ValueError(f"AsyncCollector needs max_staleness >= 1, got {max_staleness}; "
                              "use the synchronous loop for 0")
@@ -72,6 +83,18 @@ class AsyncCollector:
         """Coroutines from :meth:`run_on_loop` running on the loop: new weights wait for
         them between collections (an engine takes them only with nothing in flight)."""
         self._task: asyncio.Task | None = None
+        self.carry_over = carry_over
+        check_resumable(resume, first_step, carry_over)
+        resume = resume or {"draw": first_step, "trained": []}
+        self._pool = CarryPool(max_staleness, set(resume["trained"]))
+        self._next_draw = int(resume["draw"])
+        self._running: set[asyncio.Task] = set()
+        self._queue: collections.deque[Any] = collections.deque()
+        """Drawn groups not started yet, oldest draw first (``CarryPool``: refill)."""
+        self._max_running = 0
+        """Groups running at once: one draw's worth."""
+        self._idle_since: float | None = None
+        self._idle_s = 0.0
         self._thread = threading.Thread(target=self._main, name="agentrl-collector",
                                         daemon=True)
 
@@ -92,6 +115,8 @@ class AsyncCollector:
                 self._lock.wait(POLL_S)
             result = self._ready.pop(step)
             idle = self._engine_idle_s.pop(step, 0.0)
+            if self.carry_over:
+                self._forget_before(step)
         check_bound(result.groups, step - 1, self.max_staleness)  # nothing is dropped
         return msgspec.structs.replace(result, engine_idle_s=idle)
 
@@ -123,6 +148,8 @@ class AsyncCollector:
         (the current state when it has not started): what a checkpoint taken before
         training ``step`` must hold so that a resume regenerates ``step`` identically."""
         with self._lock:
+            if self.carry_over:
+                return self._resume_state(step)
             if step in self._sampler_states:
                 return self._sampler_states[step]
             return self.sampler.state_dict()
@@ -189,6 +216,9 @@ class AsyncCollector:
     async def _run(self) -> None:
         self._weights_arrived = asyncio.Event()
         self._task = asyncio.current_task()
+        if self.carry_over:
+            await self._run_carrying()
+            return
         for step in range(self.first_step, self.last_step + 1):
             if self._stopping.is_set():
                 return
@@ -252,6 +282,103 @@ class AsyncCollector:
         """A LoRA engine installs each adapter version beside the ones running requests
         use: new adapters go in at once, whatever runs (``agentrl.engines.adapters``)."""
         return bool(getattr(self.engine, "keeps_adapter_versions", False))
+
+    # ------------------------------------------------------------------ carry-over
+
+    async def _run_carrying(self) -> None:
+        """Start each draw as soon as the bound allows (two in play), hand each collection
+        over once due (``agentrl.rollout.carry_over``)."""
+        assert self._weights_arrived is not None
+        step, self._idle_since = self.first_step, time.perf_counter()
+        while step <= self.last_step:
+            if self._stopping.is_set():
+                return
+            self._weights_arrived.clear()
+            keeps = self._keeps_versions()  # LoRA: running requests keep their adapter
+            if keeps or not (self._running or self._validations):
+                self._apply_pending(in_flight=keeps)
+            self._start_draws(step)
+            self._start_queued()
+            with self._lock:
+                groups = self._pool.take(step)
+            if groups is None:
+                await self._weights_arrived.wait()  # a group ended, or weights arrived
+                continue
+            self._hand_over(step, groups)
+            step += 1
+
+    def _start_draws(self, step: int) -> None:
+        """Draw the tasks of collections up to ``step + 1`` whose bound the engine's
+        weights meet, and queue their groups."""
+        while self._next_draw <= min(step + 1, self.last_step):
+            draw, version = self._next_draw, engine_version(self.engine)
+            if version < draw - 1 - self.max_staleness:
+                return
+            with self._lock:  # the sampler state before it, for checkpoints
+                self._sampler_states[draw] = self.sampler.state_dict()
+                tasks = self.runner.draw(draw, self.num_rollouts)
+                self._queue.extend(self._pool.add_draw(draw, tasks, version))
+                self._next_draw += 1
+            self._max_running = self._max_running or len(tasks)
+
+    def _start_queued(self) -> None:
+        """Start queued groups while fewer than one draw's worth run."""
+        while self._queue and len(self._running) < self._max_running:
+            pending = self._queue.popleft()
+            with self._lock:
+                self._pool.started(pending, engine_version(self.engine))
+            self._note_busy()
+            task = asyncio.ensure_future(self.runner.collect_group(
+                pending.group_id, pending.env, pending.task_seed))
+            self._running.add(task)
+            task.add_done_callback(self._on_group_done)
+
+    def _on_group_done(self, task: asyncio.Task) -> None:
+        self._running.discard(task)
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            self._stop_with(task.exception())
+            return
+        with self._lock:
+            self._pool.complete(task.result())
+        if not self._running:
+            self._idle_since = time.perf_counter()
+        assert self._weights_arrived is not None
+        self._weights_arrived.set()
+
+    def _note_busy(self) -> None:
+        """The engine gets work: end its idle time."""
+        if self._idle_since is not None:
+            self._idle_s += time.perf_counter() - self._idle_since
+            self._idle_since = None
+
+    def _hand_over(self, step: int, groups: list[Any]) -> None:
+        if self._idle_since is not None:  # idle until now counts for this collection
+            self._note_busy()
+            self._idle_since = time.perf_counter()
+        idle, self._idle_s = self._idle_s, 0.0
+        result = CollectionResult(
+            groups=groups, carried_groups=sum(draw_of(g.group_id) < step for g in groups),
+            **self.runner.take_played())
+        with self._lock:
+            self._ready[step] = result
+            self._engine_idle_s[step] = idle
+            self._lock.notify_all()
+
+    def _resume_state(self, step: int) -> dict[str, Any]:
+        """(Under the lock) the sampler state before the first draw with a group not
+        trained before ``step``, and which of its groups were (``CarryPool``)."""
+        first, trained = self._pool.resume_point(step, self._next_draw)
+        state = (self._sampler_states[first] if first < self._next_draw
+                 else self.sampler.state_dict())
+        return {**state, "carry_over": {"draw": first, "trained": trained}}
+
+    def _forget_before(self, step: int) -> None:
+        """(Under the lock) drop what no checkpoint from ``step`` on can need."""
+        first, _ = self._pool.resume_point(step, self._next_draw)
+        self._pool.forget_before(first)
+        self._sampler_states = {d: v for d, v in self._sampler_states.items() if d >= first}
 
     def _cancel(self) -> None:
         if self._task is not None:

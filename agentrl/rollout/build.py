@@ -29,15 +29,26 @@ def build_engine(config: Config, model: Any, tokenizer: Any, model_dir: Path | s
 
 
 def build_collector(config: Config, runner: Any, sampler: EnvironmentSampler,
-                    first_step: int) -> Any:
-    """The asynchronous collector producing steps ``first_step ..`` (max_staleness >= 1).
-    Its thread syncs weights while the trainer trains: on a GPU the two take turns
-    (``groups.one_communicator_at_a_time``)."""
+                    first_step: int, resume: dict[str, Any] | None = None) -> Any:
+    """The asynchronous collector producing steps ``first_step ..`` (max_staleness >= 1),
+    continuing the carried-over groups of a checkpoint (``resume``: its sampler state's
+    ``"carry_over"`` entry). Its thread syncs weights while the trainer trains: on a GPU
+    the two take turns (``groups.one_communicator_at_a_time``)."""
     if torch.cuda.is_available():
         groups.share_gpu_between_threads()
     return AsyncCollector(runner, sampler, plan_batches(config).num_rollouts,
                           config.rollout.max_staleness, first_step, config.train.num_steps,
-                          inflight_updates=config.rollout.inflight_updates)
+                          inflight_updates=config.rollout.inflight_updates,
+                          carry_over=carries_over(config), resume=resume)
+
+
+def carries_over(config: Config) -> bool:
+    """Whether collections hand over before their slowest group (rollout.carry_over;
+    not with dynamic sampling, which replaces groups within a collection, nor with
+    train.deterministic, where which groups a step trains must not depend on timing)."""
+    rollout = config.rollout
+    return (rollout.max_staleness >= 1 and rollout.carry_over
+            and not rollout.filter_uniform_groups and not config.train.deterministic)
 
 
 def build_sampler(config: Config) -> EnvironmentSampler:

@@ -56,7 +56,7 @@ class ProcessCollector:
         self.needs_initial_sync: bool = self._reply("start", START_TIMEOUT_S)
 
     def next_collection(self, step: int) -> CollectionResult:
-        """The collection of ``step``, once complete (groups past the bound dropped)."""
+        """The collection of ``step``, once due (``AsyncCollector.next_collection``)."""
         payload = self._call("collection", step)
         return msgspec.msgpack.decode(payload, type=CollectionResult)
 
@@ -209,7 +209,8 @@ class _RolloutSide:
         sampler = build_sampler(config)
         sampler.load_state_dict(sampler_state)
         runner = build_runner(config, self.engine, self.tokenizer, sampler)
-        self.collector = build_collector(config, runner, sampler, first_step)
+        self.collector = build_collector(config, runner, sampler, first_step,
+                                         sampler_state.get("carry_over"))
         self._loop = asyncio.new_event_loop()
 
     def answer(self, kind: str, *args: Any) -> Any:

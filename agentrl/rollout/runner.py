@@ -80,6 +80,9 @@ class CollectionResult(msgspec.Struct):
     costs: dict[str, PlayedCosts] = {}
     """Per environment name, what every rollout played used and earned, dropped groups
     included (``agentrl.observe.costs``)."""
+    carried_groups: int = 0
+    """Groups drawn for an earlier collection and trained in this one: they were still
+    running when that one was due (``rollout.carry_over``, ``agentrl.rollout.carry_over``)."""
 
     @property
     def rollouts(self) -> list[Rollout]:
@@ -256,11 +259,24 @@ class RolloutRunner:
                                   rounds, _count(kept))
         return CollectionResult(
             groups=kept + fallback, dropped={k: dict(v) for k, v in dropped.items()},
-            num_rounds=rounds, fallback_groups=len(fallback),
-            num_played=dict(self.log.played), invalid=self.log.invalid_counts(),
-            retried=_plain(self.log.retried), kept=_plain(self.log.kept),
-            first_errors=dict(self.log.first), costs=self.costs,
-        )
+            num_rounds=rounds, fallback_groups=len(fallback), **self.take_played())
+
+    def draw(self, step: int, num_rollouts_needed: int) -> list[tuple[str, Any]]:
+        """The tasks of collection ``step`` (group ids ``s<step>-g<i>``), as
+        :meth:`collect` draws them, for a collector that starts the groups itself."""
+        draws = self.sampler.sample_tasks(self._groups_for(num_rollouts_needed))
+        return [(f"s{step}-g{i}", d) for i, d in enumerate(draws)]
+
+    def take_played(self) -> dict[str, Any]:
+        """What every rollout played since the last call used and how it failed (the
+        played, invalid, retried, kept, first-error and cost fields of a
+        :class:`CollectionResult`), and start counting afresh."""
+        played = {"num_played": dict(self.log.played), "invalid": self.log.invalid_counts(),
+                  "retried": _plain(self.log.retried), "kept": _plain(self.log.kept),
+                  "first_errors": dict(self.log.first), "costs": self.costs}
+        self.log.reset()
+        self.costs = {}
+        return played
 
     def _groups_for(self, num_rollouts: int) -> int:
         """Groups whose expected rollouts are ``num_rollouts``: divided by the group size

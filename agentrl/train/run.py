@@ -36,6 +36,7 @@ from agentrl.parallel.caches import bound_kernel_caches, token_multiple
 from agentrl.parallel.fsdp import compute_dtype, iter_full_parameters, load_sharded
 from agentrl.parallel.timeouts import Timeouts, timeouts
 from agentrl.rollout.build import build_collector, build_engine, build_runner, build_sampler
+from agentrl.rollout.carry_over import check_resumable
 from agentrl.sampler import EnvironmentSampler
 from agentrl.train.checkpoint import TrainerState, load_training_state
 from agentrl.train.optimizer import build_optimizer, build_scheduler
@@ -338,14 +339,18 @@ def _main_side(config: Config, run_dir: Path, model: Any, model_dir: Path,
     if config.rollout.max_staleness > 0 and config.rollout.collector == "process":
         from agentrl.rollout.collector_process import ProcessCollector
 
-        collector = ProcessCollector(config, model_dir, sampler.state_dict(), state.step + 1,
+        collector = ProcessCollector(config, model_dir, state.sampler or sampler.state_dict(),
+                                     state.step + 1,
                                      num_training_gpus=training_gpus_here(group))
     else:
         engine = build_engine(config, model, tokenizer, model_dir,
                               num_training_gpus=training_gpus_here(group))
         runner = build_runner(config, engine, tokenizer, sampler)
         if config.rollout.max_staleness > 0:
-            collector = build_collector(config, runner, sampler, state.step + 1)
+            collector = build_collector(config, runner, sampler, state.step + 1,
+                                        state.sampler.get("carry_over"))
+        else:  # a checkpoint's carried-over groups would be lost
+            check_resumable(state.sampler.get("carry_over"), state.step + 1, False)
     write_run_config(config, run_dir)
     resume_step = state.step if resume else None
     writers = build_writers(run_dir, config.train.num_steps, config.log.live,

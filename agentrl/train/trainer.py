@@ -188,7 +188,8 @@ def train_step(run: Run, step: int,
     if isinstance(run.engine, EngineRouter):  # the collector process keeps its own
         metrics.update(run.engine.replica_figures())
     if run.collector is not None:
-        metrics.update(asynchronous_figures(collection.engine_idle_s))
+        metrics.update(asynchronous_figures(collection.engine_idle_s,
+                                            collection.carried_groups))
     metrics.update(length_figures(rollouts, collection.costs))
     costs = cost_figures(collection.costs, run.config.log.costs, run.state.cumulative_cost)
     run.state.cumulative_cost = costs.get("cumulative/cost", run.state.cumulative_cost)

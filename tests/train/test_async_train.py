@@ -73,7 +73,9 @@ def test_async_run_keeps_every_token_within_the_bound(tmp_path, model_dir, colle
     assert len(ids) == len(set(ids)) == 16
     for t in trained:
         for rollout_id, _env, _seed, runs in t["rollouts"]:
-            assert rollout_id.startswith(f"s{t['step']}-")
+            # carry-over (on by default): a group drawn for collection c is trained by
+            # step c - 1 (done early) up to step c + k (carried over)
+            assert t["step"] - 1 <= int(rollout_id.split("-")[0][1:]) <= t["step"] + 1
             assert runs and all(0 <= t["step"] - 1 - version <= 1 for _, version in runs)
     start, end = load_pretrained(model_dir).state_dict(), load_pretrained(
         out / "checkpoints" / "step_4").state_dict()
@@ -156,11 +158,13 @@ def test_sigkill_then_resume_trains_every_rollout_exactly_once(tmp_path, model_d
     assert [t["step"] for t in trained] == list(range(1, final + 1))
     ids = [r[0] for t in trained for r in t["rollouts"]]
     assert len(ids) == len(set(ids)) == 4 * final
-    # the steps the kill lost were regenerated: same rollout ids, same tasks
-    for step in lost:
-        before = [(r[0], r[1], r[2]) for r in killed[step]]
-        after = [(r[0], r[1], r[2]) for r in trained[step - 1]["rollouts"]]
-        assert sorted(after) == sorted(before)
+    # the rollouts the kill lost were regenerated: same rollout ids, same tasks (with
+    # carry-over a group may land one step earlier or later than before; the resumed run
+    # draws no collection past its last step)
+    before = {(r[0], r[1], r[2]) for step in lost for r in killed[step]
+              if int(r[0].split("-")[0][1:]) <= final}
+    after = {(r[0], r[1], r[2]) for t in trained for r in t["rollouts"]}
+    assert before <= after
     metrics = _lines(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, final + 1))
     assert [m["cumulative/rollouts"] for m in metrics] == [4 * s for s in range(1, final + 1)]
