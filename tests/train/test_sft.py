@@ -100,3 +100,33 @@ def test_sft_step_runs_the_head_at_generated_tokens_only_with_the_plain_loss(tmp
     scale = min(1.0, 1.0 / float(torch.cat([g.reshape(-1) for g in expected]).norm()))
     for p, g in zip(model.parameters(), expected, strict=True):  # clipped to norm 1
         torch.testing.assert_close(p.grad, g * scale, rtol=1e-4, atol=1e-6)
+
+
+def test_recall_rows_join_every_step_beside_the_demonstrations(tmp_path, monkeypatch) -> None:
+    """--recall-rows N: every SFT step trains its demonstration rows plus N recall rows,
+    tokenized with the model's tokenizer and trained on their answers only."""
+    import agentrl.train.sft as sft
+    from agentrl.train.sft import WarmStartConfig, warm_start
+
+    config = config_from_dict({
+        "environments": [{"id": "agentrl/Countdown-v0",
+                          "kwargs": {"num_numbers": 2, "max_number": 9}}],
+        "batch": {"rollout_batch_size": 2, "n_samples_per_prompt": 1, "global_batch_size": 2},
+    })
+    base = build_tiny_checkpoint(tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2,
+                                 num_kv_heads=1, vocab_size=300)
+    steps: list[list] = []
+    real_step = sft.sft_step
+    monkeypatch.setattr(sft, "sft_step", lambda model, rows, *a: steps.append(rows) or
+                        real_step(model, rows, *a))
+    ws = WarmStartConfig(num_steps=3, rows_per_step=2, num_demonstrations=4, recall_rows=5)
+    warm_start(config, tmp_path / "out", ws, base=str(base), log=lambda _: None)
+    assert len(steps) == 3
+    tokenizer = load_tokenizer(base)
+    for rows in steps:
+        recall = [r for r in rows if r.env == "recall"]
+        assert len(recall) == 5 and len(rows) == 7
+        for row in recall:
+            trained = tokenizer.decode([t for t, m in zip(row.token_ids, row.loss_mask,
+                                                          strict=True) if m])
+            assert trained.rstrip().endswith(".") and "What" not in trained
