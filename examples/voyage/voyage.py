@@ -8,7 +8,8 @@ carry the port to the end.
 Provenance: written outside the repository by an author who read only README.md,
 docs/writing-environments.md, docs/base-model.md and docs/compaction.md (never the
 built-in environments nor agentrl's source), for issue 40's first target; copied here
-unchanged so the measurement in README.md reproduces. Nothing in agentrl imports it.
+(only this paragraph added, and the config's paths made relative) so the measurement in
+README.md reproduces. Nothing in agentrl imports it.
 """
 
 from __future__ import annotations
