@@ -96,6 +96,7 @@ def test_the_async_bench_config_and_its_slow_tool_environment():
     assert k2.rollout.max_staleness == 2 and k2.train.num_steps == 3
     # carry-over on (the default), in-flight updates off: measured slower on this engine
     assert k2.rollout.carry_over and not k2.rollout.inflight_updates
+    assert not sync.rollout.inflight_updates
     served = bench.bench_config(1, 3, True, remote_engines=("http://127.0.0.1:8123",))
     assert served.rollout.remote_engines == ["http://127.0.0.1:8123"]  # --engine-process
     assert sync.rollout.remote_engines == []
