@@ -41,11 +41,11 @@ from agentrl.sampler import EnvironmentSampler
 from agentrl.train.checkpoint import TrainerState, load_training_state
 from agentrl.train.optimizer import build_optimizer, build_scheduler
 from agentrl.train.run_parts import (
-    _model_folders,
     announce_attention,
     build_rollout_log,
     configure_memory,
     load_policy,
+    model_folders,
     read_model_state,
     seed_everything,
     training_gpus_here,
@@ -282,7 +282,7 @@ def build_run(config: Config, run_dir: str | Path, resume: bool = False) -> Run:
         use_deterministic_kernels(on_gpu=device.type == "cuda")
     # rank 0 alone finds (or builds) the model folder and reads the weights, while the
     # other ranks wait outside any collective; then every rank takes its shards
-    found = groups.run_on_main("setup/model", lambda: _model_folders(config, run_dir, resume),
+    found = groups.run_on_main("setup/model", lambda: model_folders(config, run_dir, resume),
                                limits.wait_for_rank0_s, group)
     initial_dir, model_dir, checkpoint = groups.broadcast_object(
         found[:3] if is_main else None, group)

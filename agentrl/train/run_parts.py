@@ -28,8 +28,8 @@ def training_gpus_here(group: dist.ProcessGroup | None) -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", groups.get_world_size(group)))
 
 
-def _model_folders(config: Config, run_dir: Path, resume: bool
-                   ) -> tuple[Path, Path, Path | None, dict[str, torch.Tensor]]:
+def model_folders(config: Config, run_dir: Path, resume: bool
+                  ) -> tuple[Path, Path, Path | None, dict[str, torch.Tensor]]:
     """Rank 0: (initial model folder, folder to load, checkpoint or None, its weights)."""
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None:
