@@ -15,6 +15,7 @@ a task's layout. ``agentrl sft --recall-rows N`` adds N of them to every step.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from agentrl.curriculum.drills import FACT_FORMATS, FILLER, NAMES, WORDS
 from agentrl.types import Row
@@ -75,7 +76,8 @@ def _query(rng: random.Random, kind: str, names: list[str],
     return f"{x} + {y} = ", f"{x + y}.\n"
 
 
-def recall_rows(rng: random.Random, encode, count: int) -> list[Row]:
+def recall_rows(rng: random.Random, encode: Callable[[str], list[int]],
+                count: int) -> list[Row]:
     """``count`` recall rows tokenized with ``encode`` (text -> ids), the loss mask on the
     answers."""
     rows = []
