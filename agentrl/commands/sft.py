@@ -12,22 +12,25 @@ HELP = ("Warm start: supervised training on correct demonstrations of every envi
 
 
 NEW_MODEL_ONLY = ("hidden_size", "num_layers", "vocab_size", "chat_template")
-"""Options that shape a new tiny model: they need ``--base new``."""
+"""Options that shape a new tiny model: they need ``--base new`` or ``--base curriculum``."""
 
 
 def resolve_base(args: argparse.Namespace) -> str | None:
     """The folder to start from (None: a new tiny model); a one-line error when a new
     model's option comes with a base, or the generic base is missing."""
     from agentrl.config import ConfigError
+    from agentrl.curriculum.fitted_base import CURRICULUM
     from agentrl.model.base import generic_base
 
     if args.base == "new":
         return None
+    if args.base == CURRICULUM:
+        return CURRICULUM
     given = [n for n in NEW_MODEL_ONLY if getattr(args, n) is not None]
     if given:
         flags = ", ".join(f"--{n.replace('_', '-')}" for n in given)
-        raise ConfigError(f"{flags} shape a new tiny model: add --base new (they do not "
-                          f"apply to --base {args.base})")
+        raise ConfigError(f"{flags} shape a new tiny model: add --base new or --base "
+                          f"curriculum (they do not apply to --base {args.base})")
     return str(generic_base() if args.base == "base" else args.base)
 
 
@@ -42,8 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model folder to start from; default: the generic base "
                              "(assets/base, pretrained on a synthetic curriculum of long-trace "
                              "tool skills); 'new': a new tiny model whose tokenizer is fitted "
-                             "to the environments' text (--hidden-size, --num-layers, "
-                             "--vocab-size and --chat-template apply to it only)")
+                             "to the environments' text; 'curriculum': a new tiny model whose "
+                             "tokenizer is fitted to the environments' and the drills' text, "
+                             "pretrained on copying and the drills first (~5 min; the "
+                             "environments' words stay whole tokens) (--hidden-size, "
+                             "--num-layers, --vocab-size and --chat-template apply to the "
+                             "last two only)")
     parser.add_argument("--demonstrations", action="append", default=[], metavar="FILE.jsonl",
                         help='trajectories, one JSON per line: {"env": NAME, "seed": INT, '
                              '"actions": [...]} (repeatable); they take precedence over the '
@@ -85,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     """Build or load the model, train it on demonstrations, save it."""
 
     from agentrl.config import load_config
+    from agentrl.curriculum.fitted_base import CURRICULUM, LAYERS
     from agentrl.envs.demonstrations import load_trajectories
     from agentrl.train.sft import WarmStartConfig, warm_start
 
@@ -94,10 +102,14 @@ def run(args: argparse.Namespace) -> int:
     defaults = WarmStartConfig()
     fields = {f: getattr(defaults, f) if getattr(args, f) is None else getattr(args, f)
               for f in WarmStartConfig.__struct_fields__ if f != "strategies"}
+    if base == CURRICULUM and args.num_layers is None:
+        fields["num_layers"] = LAYERS
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     ws = WarmStartConfig(**fields, strategies=strategies)
     if base is not None:
-        print(f"starting from {base}")
+        print(f"starting from {base}" if base != CURRICULUM else
+              "starting from a new curriculum base (tokenizer fitted to the environments "
+              "and the drills)")
     out = warm_start(config, args.out, ws, base=base, trajectories=trajectories)
     print(f"wrote {out}")
     return 0

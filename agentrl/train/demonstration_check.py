@@ -22,7 +22,7 @@ import msgspec
 from agentrl.config import Config, ConfigError
 from agentrl.envs.demonstrations import Policy, demonstration_policies
 from agentrl.rollout.compact_tool import offered_tools
-from agentrl.train.sft import WarmStartConfig, demonstrations_under, starting_point
+from agentrl.train.sft import WarmStartConfig, demonstrations_under, new_model
 from agentrl.types import MAIN_THREAD, Rollout, as_dicts
 
 FIXES = {
@@ -78,6 +78,7 @@ def check_tokenizer(config: Config, base: str | None) -> tuple[Any, str, str | N
     else (no ``model.path``) the tiny built-in model's, as ``agentrl train``. When a new
     model's tokenizer cannot be fitted (its demonstrations fail: the checks that follow
     say why), the tiny built-in one stands in, with the reason."""
+    from agentrl.curriculum.fitted_base import CURRICULUM, drill_config
     from agentrl.model import load_tokenizer
     from agentrl.model.base import GENERIC_BASE
     from agentrl.train.preflight_facts import Preflight, locate_model_dir
@@ -89,7 +90,7 @@ def check_tokenizer(config: Config, base: str | None) -> tuple[Any, str, str | N
     start = base or "base"
     if start == "base" and (GENERIC_BASE / "config.json").is_file():
         start = str(GENERIC_BASE)
-    if start not in ("base", "new"):
+    if start not in ("base", "new", CURRICULUM):
         return load_tokenizer(Path(start)), start, None
     missing = " (the generic base is missing)" if start == "base" else ""
     tiny = msgspec.structs.replace(config, model=msgspec.structs.replace(config.model, path=""))
@@ -99,12 +100,15 @@ def check_tokenizer(config: Config, base: str | None) -> tuple[Any, str, str | N
         return Preflight(tiny).tokenizer, "the tiny built-in model's", None
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            folder = starting_point(config, WarmStartConfig(), None, Path(tmp), policies)
+            configs = [config, drill_config(config)][:2 if start == CURRICULUM else 1]
+            folder = new_model(configs, WarmStartConfig(), Path(tmp),
+                               [policies, *map(demonstration_policies, configs[1:])])
             tokenizer = load_tokenizer(folder)
     except ConfigError as exc:  # its demonstrations fail
         why = f"`agentrl sft` cannot fit its tokenizer: {str(exc).splitlines()[0]}"
         return Preflight(tiny).tokenizer, "the tiny built-in model's, standing in", why
-    return tokenizer, f"a new tiny model's, as `agentrl sft --base new` fits it{missing}", None
+    flag = "new" if start == "base" else start
+    return tokenizer, f"a new tiny model's, as `agentrl sft --base {flag}` fits it{missing}", None
 
 
 def _exists(path: str, locate: Any) -> bool:

@@ -209,20 +209,43 @@ def demonstrations_under(config: Config, ws: WarmStartConfig, tokenizer: Any,
 
 
 def starting_point(config: Config, ws: WarmStartConfig, base: str | None, folder: Path,
-                   policies: dict[str, Policy]) -> Path:
+                   policies: dict[str, Policy], log: Callable[[str], None] = print) -> Path:
     """The model folder a warm start begins from: ``base``, else a new tiny model (written
-    under ``folder``) whose tokenizer is fitted to the demonstrations' text. ``agentrl
-    check-env`` measures and plays with its tokenizer, so both see the same tokens."""
-    from agentrl.model import build_tiny_checkpoint
+    under ``folder``) whose tokenizer is fitted to the demonstrations' text, or for
+    ``base == "curriculum"`` one also pretrained on the drills
+    (:mod:`agentrl.curriculum.fitted_base`). ``agentrl check-env`` measures and plays
+    with its tokenizer, so both see the same tokens."""
+    from agentrl.curriculum.fitted_base import CURRICULUM, curriculum_base
 
+    if base == CURRICULUM:
+        def fit(configs: list[Config]) -> Path:
+            return new_model(configs, ws, folder, [policies] + [
+                demonstration_policies(c) for c in configs[1:]])
+
+        def train(each: Config, out: Path, stage: Any, start: str) -> Path:
+            log(f"curriculum base: copy pretraining, then {stage.num_steps} steps of drills")
+            return warm_start(each, out, stage, base=start, log=log)
+
+        return curriculum_base(config, ws, folder, fit, train)
     if base:
         return Path(base)
+    return new_model([config], ws, folder, [policies])
+
+
+def new_model(configs: list[Config], ws: WarmStartConfig, folder: Path,
+              policies: list[dict[str, Policy]]) -> Path:
+    """A new tiny model under ``folder``, its tokenizer fitted to the demonstrations of
+    every config (each with its policies)."""
+    from agentrl.model import build_tiny_checkpoint
+
     return build_tiny_checkpoint(
         folder / "base", hidden_size=ws.hidden_size, num_layers=ws.num_layers,
         num_heads=max(1, ws.hidden_size // 32), num_kv_heads=max(1, ws.hidden_size // 64),
-        vocab_size=ws.vocab_size, corpus=[text for each in under_strategies(
-            config, ws.strategies) for text in tokenizer_corpus(
-            each, policies=policies, chat_template=ws.chat_template)],
+        vocab_size=ws.vocab_size, corpus=[
+            text for config, each_policies in zip(configs, policies, strict=True)
+            for each in under_strategies(config, ws.strategies)
+            for text in tokenizer_corpus(each, policies=each_policies,
+                                         chat_template=ws.chat_template)],
         seed=ws.seed, chat_template=ws.chat_template)
 
 
@@ -240,7 +263,7 @@ def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str |
     torch.manual_seed(ws.seed)
     out = Path(out)
     with tempfile.TemporaryDirectory() as tmp:
-        source = starting_point(config, ws, base, Path(tmp), policies)
+        source = starting_point(config, ws, base, Path(tmp), policies, log)
         model = load_pretrained(source)
         tokenizer = load_tokenizer(source)
         prepare_chat(tokenizer, config.model)  # demonstrations in the model's tool format

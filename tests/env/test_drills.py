@@ -114,8 +114,8 @@ def test_sft_refuses_a_new_models_options_with_a_base_in_one_line(tmp_path, caps
     argv = ["sft", "configs/base.toml", "--out", str(tmp_path / "x"), "--hidden-size", "64"]
     assert main(argv) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: --hidden-size shape a new tiny model: add --base new (they do not apply to "
-        "--base base)")
+        "error: --hidden-size shape a new tiny model: add --base new or --base curriculum (they "
+        "do not apply to --base base)")
     assert not (tmp_path / "x").exists()
 
 
