@@ -75,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="SECTION.KEY=VALUE", help="override one config setting")
     parser.add_argument("--base", default=None,
                         help="the tokenizer to measure and play with, as `agentrl sft "
-                             "--base`: a model folder, 'base' (the generic base) or 'new' "
+                             "--base`: a model folder, 'base' (the generic base), 'new' or "
+                             "'curriculum' "
                              "(default: model.path's; when `agentrl sft` has not written it "
                              "yet, the one it starts from)")
     parser.add_argument("--num-demonstrations", type=int, default=16,

@@ -1,15 +1,18 @@
-"""A base built for one config: the drills' generic skills, the environments' words whole.
+"""A base built for one config: the drills' generic skills, learned beside the environment.
 
-The shipped generic base (``assets/base``) has a tokenizer fitted to the drills' text
-only, so a new environment's words fall apart into letters (``Entry: yarrow`` is nine
-tokens, ``' '`` among them, which follows every word): copying a word after its label
-then needs a match over several tokens, which the small base does not make (Ledger's
-warm start from it copies its own summary about 60 % of the time). ``agentrl sft
---base curriculum`` instead builds a new tiny model whose tokenizer is fitted to the
-config's environments' text *and* the drills', pretrains it on copying and on the
-drill curriculum (never the environments' tasks: their text shapes only the
-tokenizer), and hands it to the environments' warm start. Measured on Ledger trained at
-6 pages: held-out 1.000 at 6 pages and 0.938 at 48 (``docs/base-model.md``).
+``agentrl sft`` from the shipped generic base (``assets/base``) learns a new
+environment's layout after the drills, with a tokenizer that never saw its text; the
+Ledger warm start from it copied its own summary into the answer about 60 % of the
+time, at every length. ``agentrl sft --base curriculum`` instead builds a new tiny model
+for the config: its tokenizer is fitted to the curriculum's text (the drills, with the
+config's environments at a 5 % share), it is copy-pretrained and trained on that
+curriculum, and the environments' own warm start continues from it. The drills (page
+numbers up to 99, reads of any length, facts in several formats) are most of what it
+sees, so the environment's layout is learned as one more instance of the generic skills
+rather than by its own numbers. Measured (``docs/base-model.md``): Ledger and Voyage
+trained at 6 pages hold >= 0.9 at 48 pages; without the environments in the
+curriculum's mix and its tokenizer's text, the same models broke at 12 pages
+("Page 12 of 12." ended the answer's format).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ DRILLS = EnvironmentConfig(id="agentrl/Drill-v0", name="drill",
 """The drill curriculum of ``configs/base.toml``."""
 LAYERS = 4
 """Layers of the curriculum base when ``--num-layers`` is not given (the generic base's)."""
+ENV_SHARE = 0.05
+"""The environments' share of the curriculum's demonstrations and of the text its
+tokenizer is fitted to; the drills take the rest."""
 
 
 class CurriculumRecipe(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,32 +52,36 @@ RECIPE = CurriculumRecipe()
 """The recipe ``agentrl sft --base curriculum`` uses."""
 
 
-def drill_config(config: Config) -> Config:
-    """The config with the drill curriculum as its only environment, played under the
-    ``tool`` strategy with the config's context budget and enough turns for a read of
-    six pages, its compactions and the answer."""
+def curriculum_config(config: Config, share: float = ENV_SHARE) -> Config:
+    """The config's environments beside the drills, which get ``1 - share`` of the
+    demonstrations; enough turns for a read of six pages, its compactions and the answer;
+    the config's summary strategy (``tool`` when it has none, so drills can keep facts)."""
+    total = sum(env.weight for env in config.environments)
+    drills = msgspec.structs.replace(DRILLS, weight=total * (1 - share) / share)
     rollout = msgspec.structs.replace(
         config.rollout, max_turns=max(config.rollout.max_turns, 16),
         max_rollout_tokens=max(config.rollout.max_rollout_tokens, 400))
-    compaction = msgspec.structs.replace(config.compaction, strategy="tool",
-                                         fallback="drop_oldest")
-    return msgspec.structs.replace(config, environments=[DRILLS], rollout=rollout,
-                                   compaction=compaction)
+    compaction = config.compaction
+    if compaction.strategy not in ("tool", "summarize"):
+        compaction = msgspec.structs.replace(compaction, strategy="tool",
+                                             fallback="drop_oldest")
+    return msgspec.structs.replace(config, environments=[*config.environments, drills],
+                                   rollout=rollout, compaction=compaction)
 
 
 def curriculum_base(config: Config, ws: object, folder: Path,
-                    fit_model: Callable[[list[Config]], Path],
+                    fit_model: Callable[[Config], Path],
                     train: Callable[[Config, Path, object, str], Path],
                     recipe: CurriculumRecipe | None = None) -> Path:
-    """A new tiny model fitted to ``config``'s and the drills' text (``fit_model``),
-    copy-pretrained and trained on the drills alone (``train``: the warm start itself),
-    written under ``folder``; the environments' warm start continues from it."""
+    """A new tiny model fitted to the curriculum's text (``fit_model``: the drills with
+    the config's environments at a small share), copy-pretrained and trained on that
+    curriculum (``train``: the warm start itself), written under ``folder``; the
+    environments' own warm start continues from it."""
     recipe = recipe or RECIPE
-    drills = drill_config(config)
-    fitted = fit_model([config, drills])
+    mix = curriculum_config(config)
     stage = msgspec.structs.replace(
         ws, copy_steps=recipe.copy_steps, num_steps=recipe.steps,
         rows_per_step=recipe.rows_per_step, num_demonstrations=recipe.num_demonstrations,
         lr=recipe.lr, warmup_steps=recipe.warmup_steps, lr_schedule="cosine",
         strategies=[], compact_share=1.0, recall_rows=0)
-    return train(drills, folder / "curriculum", stage, str(fitted))
+    return train(mix, folder / "curriculum", stage, str(fit_model(mix)))

@@ -78,7 +78,7 @@ def check_tokenizer(config: Config, base: str | None) -> tuple[Any, str, str | N
     else (no ``model.path``) the tiny built-in model's, as ``agentrl train``. When a new
     model's tokenizer cannot be fitted (its demonstrations fail: the checks that follow
     say why), the tiny built-in one stands in, with the reason."""
-    from agentrl.curriculum.fitted_base import CURRICULUM, drill_config
+    from agentrl.curriculum.fitted_base import CURRICULUM, curriculum_config
     from agentrl.model import load_tokenizer
     from agentrl.model.base import GENERIC_BASE
     from agentrl.train.preflight_facts import Preflight, locate_model_dir
@@ -100,9 +100,10 @@ def check_tokenizer(config: Config, base: str | None) -> tuple[Any, str, str | N
         return Preflight(tiny).tokenizer, "the tiny built-in model's", None
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            configs = [config, drill_config(config)][:2 if start == CURRICULUM else 1]
-            folder = new_model(configs, WarmStartConfig(), Path(tmp),
-                               [policies, *map(demonstration_policies, configs[1:])])
+            fitted = curriculum_config(config) if start == CURRICULUM else config
+            folder = new_model(fitted, WarmStartConfig(), Path(tmp),
+                               policies if fitted is config else
+                               demonstration_policies(fitted))
             tokenizer = load_tokenizer(folder)
     except ConfigError as exc:  # its demonstrations fail
         why = f"`agentrl sft` cannot fit its tokenizer: {str(exc).splitlines()[0]}"

@@ -218,48 +218,54 @@ def starting_point(config: Config, ws: WarmStartConfig, base: str | None, folder
     from agentrl.curriculum.fitted_base import CURRICULUM, curriculum_base
 
     if base == CURRICULUM:
-        def fit(configs: list[Config]) -> Path:
-            return new_model(configs, ws, folder, [policies] + [
-                demonstration_policies(c) for c in configs[1:]])
+        def with_drills(mix: Config) -> dict[str, Policy]:
+            drills = [e for e in mix.environments if e not in config.environments]
+            return {**policies, **demonstration_policies(
+                msgspec.structs.replace(mix, environments=drills))}
 
-        def train(each: Config, out: Path, stage: Any, start: str) -> Path:
-            log(f"curriculum base: copy pretraining, then {stage.num_steps} steps of drills")
-            return warm_start(each, out, stage, base=start, log=log)
+        def fit(mix: Config) -> Path:
+            return new_model(mix, ws, folder, with_drills(mix))
+
+        def train(mix: Config, out: Path, stage: Any, start: str) -> Path:
+            log(f"curriculum base: {stage.copy_steps} copy steps, then {stage.num_steps} "
+                f"steps of the drills with the environments at a small share")
+            return warm_start(mix, out, stage, base=start, log=log,
+                              policies=with_drills(mix))
 
         return curriculum_base(config, ws, folder, fit, train)
     if base:
         return Path(base)
-    return new_model([config], ws, folder, [policies])
+    return new_model(config, ws, folder, policies)
 
 
-def new_model(configs: list[Config], ws: WarmStartConfig, folder: Path,
-              policies: list[dict[str, Policy]]) -> Path:
-    """A new tiny model under ``folder``, its tokenizer fitted to the demonstrations of
-    every config (each with its policies)."""
+def new_model(config: Config, ws: WarmStartConfig, folder: Path,
+              policies: dict[str, Policy]) -> Path:
+    """A new tiny model under ``folder``, its tokenizer fitted to the config's
+    demonstrations (each environment in its weight's share)."""
     from agentrl.model import build_tiny_checkpoint
 
     return build_tiny_checkpoint(
         folder / "base", hidden_size=ws.hidden_size, num_layers=ws.num_layers,
         num_heads=max(1, ws.hidden_size // 32), num_kv_heads=max(1, ws.hidden_size // 64),
-        vocab_size=ws.vocab_size, corpus=[
-            text for config, each_policies in zip(configs, policies, strict=True)
-            for each in under_strategies(config, ws.strategies)
-            for text in tokenizer_corpus(each, policies=each_policies,
-                                         chat_template=ws.chat_template)],
+        vocab_size=ws.vocab_size, corpus=[text for each in under_strategies(
+            config, ws.strategies) for text in tokenizer_corpus(
+            each, policies=policies, chat_template=ws.chat_template)],
         seed=ws.seed, chat_template=ws.chat_template)
 
 
 def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str | None = None,
                log: Callable[[str], None] = print,
-               trajectories: dict[str, list[Trajectory]] | None = None) -> Path:
+               trajectories: dict[str, list[Trajectory]] | None = None,
+               policies: dict[str, Policy] | None = None) -> Path:
     """Load ``base`` (or build a new tiny model), train it on demonstrations of every
-    environment of the config (``trajectories``: from JSONL files, by environment name),
-    save an HF folder to ``out``. Refuses first when an environment has no demonstrations."""
+    environment of the config (``trajectories``: from JSONL files, by environment name;
+    ``policies``: every environment's source, built already), save an HF folder to
+    ``out``. Refuses first when an environment has no demonstrations."""
     from agentrl.model import load_pretrained, load_tokenizer, save_pretrained
     from agentrl.train.checkpoint import copy_tokenizer_files
 
     sft_lr(0, ws.num_steps, ws.lr, ws.warmup_steps, ws.lr_schedule)  # fail before any work
-    policies = demonstration_policies(config, trajectories)
+    policies = policies or demonstration_policies(config, trajectories)
     torch.manual_seed(ws.seed)
     out = Path(out)
     with tempfile.TemporaryDirectory() as tmp:

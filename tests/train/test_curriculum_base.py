@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from agentrl.config import config_from_dict
 from agentrl.curriculum import fitted_base
-from agentrl.curriculum.fitted_base import CurriculumRecipe, drill_config
+from agentrl.curriculum.fitted_base import CurriculumRecipe, curriculum_config
 from agentrl.model import load_tokenizer
-from agentrl.model.base import generic_base
 
 LEDGER = {"id": "agentrl/Ledger-v0", "name": "ledger",
           "kwargs": {"num_pages": 3, "num_facts": 2, "filler_words": 6}}
@@ -27,38 +27,45 @@ def _config(**compaction):
     })
 
 
-def test_the_drill_stage_keeps_the_budget_and_plays_only_drills() -> None:
-    drills = drill_config(_config())
-    assert [e.id for e in drills.environments] == ["agentrl/Drill-v0"]
-    assert drills.compaction.strategy == "tool"
-    assert drills.compaction.max_context_tokens == 180  # the environment's own budget
-    assert drills.rollout.max_turns >= 16  # six reads, their compactions and the answer
+def test_the_curriculum_is_the_drills_with_the_environments_at_a_small_share() -> None:
+    mix = curriculum_config(_config())
+    assert [e.id for e in mix.environments] == ["agentrl/Ledger-v0", "agentrl/Drill-v0"]
+    weights = [e.weight for e in mix.environments]
+    assert weights[0] / sum(weights) == pytest.approx(fitted_base.ENV_SHARE)
+    assert mix.compaction.strategy == "summarize"  # the config's summary strategy
+    assert mix.compaction.max_context_tokens == 180  # the environment's own budget
+    assert mix.rollout.max_turns >= 16  # six reads, their compactions and the answer
+    none = _config()
+    none = msgspec.structs.replace(none, compaction=msgspec.structs.replace(
+        none.compaction, strategy="drop_oldest"))
+    assert curriculum_config(none).compaction.strategy == "tool"  # drills keep by summary
 
 
-def test_curriculum_base_trains_drills_first_with_the_environments_words_whole(
-        tmp_path, monkeypatch) -> None:
-    """The drill stage trains on drills alone, the environment's stage on its own
-    demonstrations, and the tokenizer (fitted to both texts) keeps Ledger's entry words
-    whole, where the shipped base's splits them into letters."""
+def test_curriculum_base_trains_the_mix_then_the_environment(tmp_path, monkeypatch) -> None:
+    """The curriculum stage plays the drills and the environment in the mix's shares from
+    a model whose tokenizer was fitted to that mix's text; the environment's stage plays
+    the environment alone, from the curriculum's weights."""
     import agentrl.train.sft as sft
     from agentrl.train.sft import WarmStartConfig, warm_start
 
     monkeypatch.setattr(fitted_base, "RECIPE", CurriculumRecipe(
-        copy_steps=2, steps=2, rows_per_step=2, num_demonstrations=4))
-    trained: list[set[str]] = []
+        copy_steps=2, steps=2, rows_per_step=2, num_demonstrations=40))
+    played: list[dict[str, float]] = []
+    real = sft.demonstrations_under
+    monkeypatch.setattr(sft, "demonstrations_under", lambda config, *a, **k: played.append(
+        {e.display_name(): e.weight for e in config.environments}) or real(config, *a, **k))
+    steps: list[int] = []
     real_step = sft.sft_step
-    monkeypatch.setattr(sft, "sft_step", lambda model, rows, *a: trained.append(
-        {r.env for r in rows}) or real_step(model, rows, *a))
+    monkeypatch.setattr(sft, "sft_step", lambda model, rows, *a: steps.append(len(rows)) or
+                        real_step(model, rows, *a))
     ws = WarmStartConfig(num_steps=3, rows_per_step=2, num_demonstrations=4, hidden_size=32,
                          num_layers=1)
     out = warm_start(_config(), tmp_path / "out", ws, base="curriculum", log=lambda _: None)
-    assert trained == [{"drill"}] * 2 + [{"ledger"}] * 3
+    assert [sorted(p) for p in played] == [["drill", "ledger"], ["ledger"]]
+    assert len(steps) == 2 + 3
     tokenizer = load_tokenizer(out)
-    words = ("harbor", "kestrel", "yarrow")
-    assert [len(tokenizer.encode(f" {w}")) for w in words] == [1, 1, 1]
-    shipped = load_tokenizer(generic_base())
-    assert all(len(shipped.encode(f" {w}")) > 2 for w in words)
-    assert len(tokenizer.encode("Page 37 of 48.")) <= 12  # the drills' text is fitted too
+    assert len(tokenizer.encode(" ledger")) == 1  # the environment's text was fitted
+    assert len(tokenizer.encode("What is salt?")) <= 4  # and the drills'
 
 
 def test_the_cli_builds_the_curriculum_base_with_the_generic_bases_depth(monkeypatch) -> None:
@@ -82,3 +89,13 @@ def test_the_cli_builds_the_curriculum_base_with_the_generic_bases_depth(monkeyp
     with pytest.raises(Exception, match="add --base new or --base curriculum"):
         command.resolve_base(parser.parse_args(["c.toml", "--out", "x", "--base", "assets/b",
                                                 "--num-layers", "3"]))
+
+
+def test_check_env_measures_with_the_tokenizer_the_curriculum_base_will_have() -> None:
+    """``check-env --base curriculum`` fits the same mix's tokenizer that ``agentrl sft
+    --base curriculum`` starts from, so its token counts are the run's."""
+    from agentrl.train.demonstration_check import check_tokenizer
+
+    tokenizer, name, stand_in = check_tokenizer(_config(), "curriculum")
+    assert stand_in is None and "--base curriculum" in name
+    assert len(tokenizer.encode(" ledger")) == 1 and len(tokenizer.encode("What is salt?")) <= 4
