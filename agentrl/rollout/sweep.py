@@ -120,7 +120,8 @@ def wilson_interval(num_correct: int, num_tasks: int, z: float = Z_95) -> tuple[
     p, n = num_correct / num_tasks, num_tasks
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # the bounds hold the estimate itself, rounding included (1.0 at n of n, 0.0 at none)
+    return min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half))
 
 
 def env_keywords(env_config: EnvironmentConfig) -> list[str]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agentrl.cli import main
 from agentrl.config import config_from_dict
@@ -42,6 +44,16 @@ def test_wilson_interval_matches_worked_values():
     # 0 of 10: [0, z² / (n + z²)] = [0, 0.27753]
     assert wilson_interval(0, 10) == pytest.approx((0.0, 0.27753), abs=1e-4)
     assert wilson_interval(10, 10) == pytest.approx((0.72247, 1.0), abs=1e-4)
+
+
+@given(st.integers(1, 5000).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
+def test_wilson_interval_holds_its_estimate_exactly(counts):
+    """The bounds hold the estimate with no rounding left over (128 of 128 gave an upper
+    bound a hair below 1.0, and the sweep's plot refused the negative error bar)."""
+    correct, tasks = counts
+    low, high = wilson_interval(correct, tasks)
+    assert 0.0 <= low <= correct / tasks <= high <= 1.0
+    assert (high == 1.0) == (correct == tasks) and (low == 0.0) == (correct == 0)
 
 
 def test_two_page_counts_by_two_strategies_give_one_row_per_cell(tiny_ckpt, tmp_path, capsys):
