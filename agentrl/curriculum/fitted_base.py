@@ -9,10 +9,10 @@ config's environments at a 5 % share), it is copy-pretrained and trained on that
 curriculum, and the environments' own warm start continues from it. The drills (page
 numbers up to 99, reads of any length, facts in several formats) are most of what it
 sees, so the environment's layout is learned as one more instance of the generic skills
-rather than by its own numbers. Measured (``docs/base-model.md``): Ledger and Voyage
-trained at 6 pages hold >= 0.9 at 48 pages; without the environments in the
-curriculum's mix and its tokenizer's text, the same models broke at 12 pages
-("Page 12 of 12." ended the answer's format).
+rather than by its own numbers. Measured (``docs/base-model.md``): Ledger trained at 6
+pages held >= 0.9 at 48 pages in three runs of three, Voyage in one of two; without the
+environments in the curriculum's mix and its tokenizer's text, the same models broke at
+12 pages ("Page 12 of 12." ended the answer's format).
 """
 
 from __future__ import annotations
