@@ -10,7 +10,7 @@ curriculum, and the environments' own warm start continues from it. The drills (
 numbers up to 99, reads of any length, facts in several formats) are most of what it
 sees, so the environment's layout is learned as one more instance of the generic skills
 rather than by its own numbers. Measured (``docs/base-model.md``): Ledger trained at 6
-pages held >= 0.9 at 48 pages in three runs of three, Voyage in one of two; without the
+pages held >= 0.9 at 48 pages in three runs of three, Voyage in one of three; without the
 environments in the curriculum's mix and its tokenizer's text, the same models broke at
 12 pages ("Page 12 of 12." ended the answer's format).
 """
