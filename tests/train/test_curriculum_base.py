@@ -1,6 +1,6 @@
-"""``agentrl sft --base curriculum``: a new tiny model whose tokenizer knows the
-environments' words and the drills', pretrained on the drills alone before the
-environments' warm start."""
+"""``agentrl sft --base curriculum``: a new tiny model whose tokenizer is fitted to the
+drills with the config's environments at a small share, trained on that mix before the
+environments' own warm start."""
 
 from __future__ import annotations
 
