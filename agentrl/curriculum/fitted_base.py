@@ -17,12 +17,14 @@ environments in the curriculum's mix and its tokenizer's text, the same models b
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from agentrl.config import Config, EnvironmentConfig
+
+if TYPE_CHECKING:
+    from agentrl.train.sft import WarmStartConfig
 
 CURRICULUM = "curriculum"
 """``agentrl sft --base curriculum``: build the base for this config first."""
@@ -69,19 +71,11 @@ def curriculum_config(config: Config, share: float = ENV_SHARE) -> Config:
                                    rollout=rollout, compaction=compaction)
 
 
-def curriculum_base(config: Config, ws: object, folder: Path,
-                    fit_model: Callable[[Config], Path],
-                    train: Callable[[Config, Path, object, str], Path],
-                    recipe: CurriculumRecipe | None = None) -> Path:
-    """A new tiny model fitted to the curriculum's text (``fit_model``: the drills with
-    the config's environments at a small share), copy-pretrained and trained on that
-    curriculum (``train``: the warm start itself), written under ``folder``; the
-    environments' own warm start continues from it."""
-    recipe = recipe or RECIPE
-    mix = curriculum_config(config)
-    stage = msgspec.structs.replace(
-        ws, copy_steps=recipe.copy_steps, num_steps=recipe.steps,
-        rows_per_step=recipe.rows_per_step, num_demonstrations=recipe.num_demonstrations,
-        lr=recipe.lr, warmup_steps=recipe.warmup_steps, lr_schedule="cosine",
+def curriculum_stage(ws: WarmStartConfig) -> WarmStartConfig:
+    """The warm-start settings of the curriculum stage: ``RECIPE`` over ``ws`` (which keeps
+    the model's shape and the seed)."""
+    return msgspec.structs.replace(
+        ws, copy_steps=RECIPE.copy_steps, num_steps=RECIPE.steps,
+        rows_per_step=RECIPE.rows_per_step, num_demonstrations=RECIPE.num_demonstrations,
+        lr=RECIPE.lr, warmup_steps=RECIPE.warmup_steps, lr_schedule="cosine",
         strategies=[], compact_share=1.0, recall_rows=0)
-    return train(mix, folder / "curriculum", stage, str(fit_model(mix)))

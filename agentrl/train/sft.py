@@ -215,24 +215,19 @@ def starting_point(config: Config, ws: WarmStartConfig, base: str | None, folder
     ``base == "curriculum"`` one also pretrained on the drills
     (:mod:`agentrl.curriculum.fitted_base`). ``agentrl check-env`` measures and plays
     with its tokenizer, so both see the same tokens."""
-    from agentrl.curriculum.fitted_base import CURRICULUM, curriculum_base
+    from agentrl.curriculum.fitted_base import CURRICULUM, curriculum_config, curriculum_stage
 
-    if base == CURRICULUM:
-        def with_drills(mix: Config) -> dict[str, Policy]:
-            drills = [e for e in mix.environments if e not in config.environments]
-            return {**policies, **demonstration_policies(
-                msgspec.structs.replace(mix, environments=drills))}
-
-        def fit(mix: Config) -> Path:
-            return new_model(mix, ws, folder, with_drills(mix))
-
-        def train(mix: Config, out: Path, stage: Any, start: str) -> Path:
-            log(f"curriculum base: {stage.copy_steps} copy steps, then {stage.num_steps} "
-                f"steps of the drills with the environments at a small share")
-            return warm_start(mix, out, stage, base=start, log=log,
-                              policies=with_drills(mix))
-
-        return curriculum_base(config, ws, folder, fit, train)
+    if base == CURRICULUM:  # a new model, trained on the drills with these environments
+        mix = curriculum_config(config)
+        drills = [e for e in mix.environments if e not in config.environments]
+        mix_policies = {**policies, **demonstration_policies(
+            msgspec.structs.replace(mix, environments=drills))}
+        stage = curriculum_stage(ws)
+        log(f"curriculum base: {stage.copy_steps} copy steps, then {stage.num_steps} steps "
+            f"of the drills with the environments at a small share")
+        start = new_model(mix, ws, folder, mix_policies)
+        return warm_start(mix, folder / "curriculum", stage, base=str(start), log=log,
+                          policies=mix_policies)
     if base:
         return Path(base)
     return new_model(config, ws, folder, policies)
