@@ -17,14 +17,14 @@ environments in the curriculum's mix and its tokenizer's text, the same models b
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 import msgspec
 
 from agentrl.config import Config, EnvironmentConfig
 
-if TYPE_CHECKING:
-    from agentrl.train.sft import WarmStartConfig
+WarmStart = TypeVar("WarmStart", bound=msgspec.Struct)
+"""``agentrl.train.sft.WarmStartConfig`` (a higher layer, so named here by its fields)."""
 
 CURRICULUM = "curriculum"
 """``agentrl sft --base curriculum``: build the base for this config first."""
@@ -71,7 +71,7 @@ def curriculum_config(config: Config, share: float = ENV_SHARE) -> Config:
                                    rollout=rollout, compaction=compaction)
 
 
-def curriculum_stage(ws: WarmStartConfig) -> WarmStartConfig:
+def curriculum_stage(ws: WarmStart) -> WarmStart:
     """The warm-start settings of the curriculum stage: ``RECIPE`` over ``ws`` (which keeps
     the model's shape and the seed)."""
     return msgspec.structs.replace(
