@@ -51,7 +51,7 @@ class DrillEnv(AgentEnv):
     def __init__(self, max_pages: int = 12, min_pages: int = 1, facts_per_page: int = 2,
                  filler_words: int = 8,
                  questions: tuple[str, ...] = QUESTIONS, keeps: str = "needed",
-                 max_turns: int | None = None, **kwargs):
+                 read_all: bool = False, max_turns: int | None = None, **kwargs):
         if not 1 <= min_pages <= max_pages or facts_per_page < 1 or filler_words < 0:
             raise ValueError(f"drill: need 1 <= min_pages <= max_pages, facts_per_page >= 1, "
                              f"filler_words >= 0; got {min_pages}, {max_pages}, "
@@ -66,7 +66,7 @@ class DrillEnv(AgentEnv):
         if keeps not in KEEPS:
             raise ValueError(f"drill: keeps={keeps!r} unknown; choose among {KEEPS}")
         super().__init__(max_turns=max_turns or 2 * max_pages + 2, **kwargs)
-        self.keeps = keeps
+        self.keeps, self.read_all = keeps, read_all
         self.min_pages, self.max_pages, self.facts_per_page = min_pages, max_pages, facts_per_page
         self.filler_words, self.questions = filler_words, tuple(questions)
         self.pages: list[str] = []
@@ -131,11 +131,14 @@ class DrillEnv(AgentEnv):
 
     def grade(self, answer: str) -> Grade:
         """1 for the answer inside ``<answer>...</answer>``, bare (``7``) or labelled as
-        the script writes it (``salt = 4, ink = 3, sum = 7``), else 0."""
+        the script writes it (``salt = 4, ink = 3, sum = 7``), else 0. With ``read_all``
+        an answer before the last page is read scores 0: answering right after the page
+        that holds the fact would otherwise skip the summary that has to carry it."""
         assert self.task is not None
         text = answer.split("<answer>")[-1].split("</answer>")[0].strip().rstrip(".")
-        right = float(text in (expected_answer(self.task.answer),
-                               labelled_answer(self.task.answer)))
+        read = self.next_page >= len(self.pages) or not self.read_all
+        right = float(read and text in (expected_answer(self.task.answer),
+                                        labelled_answer(self.task.answer)))
         return Grade(right, {"correct": right, "pages_read": float(self.next_page)})
 
     def needed_facts(self) -> list[str]:

@@ -72,6 +72,18 @@ def test_grading_needs_the_exact_answer_bare_or_labelled(answer, reward):
     assert env.grade("<answer>wheel = 1, ring = 1, sum = 1</answer>").reward == 0.0
 
 
+def test_read_all_scores_an_answer_given_before_the_last_page_zero():
+    for read_all, early_reward in ((False, 1.0), (True, 0.0)):
+        env = DrillEnv(min_pages=3, max_pages=3, questions=("one",), read_all=read_all)
+        env.reset(seed=2)
+        right = f"<answer>{expected_answer(env.task.answer)}</answer>"
+        env.read()
+        assert env.grade(right).reward == early_reward
+        env.read(), env.read()
+        assert env.grade(right).reward == 1.0
+        assert env.grade("<answer>none</answer>").reward == 0.0
+
+
 def test_weak_demonstrators_compact_at_the_same_moments_but_keep_other_facts():
     kept = {"needed": 0, "random": 0, "none": 0}
     moments = {}
