@@ -138,7 +138,8 @@ def play_as_sft(config: Config, tokenizer: Any, ws: WarmStartConfig
                f"{strategies}, compaction.max_context_tokens "
                f"{config.compaction.max_context_tokens}): {len(played)} played, "
                f"{counts['correct']} correct, {counts['graded']} graded wrong (left out: a "
-               f"weak demonstrator's wrong answers){_compaction_figures(played)}")
+               f"weak demonstrator's wrong answers){_compaction_figures(played)}"
+               f"{_fallback_note(played, config)}")
     problems = _failures(played, config, name)
     if counts["truncated/context_budget"]:
         problems += _unfit_turn(list(recorded.values()), config, tokenizer, name)
@@ -156,6 +157,22 @@ def _compaction_figures(played: list[Rollout]) -> str:
     kept = sum(len(c.facts_kept) for r in played for c in r.stats.compactions)
     survival = f"; needed facts kept {kept} of {revealed}" if revealed else ""
     return f"; compactions per episode: {per_episode or 'none'}{survival}"
+
+
+def _fallback_note(played: list[Rollout], config: Config) -> str:
+    """Under ``tool``, a note when the budget's fallback runs less than twice an episode:
+    a longer read then meets contexts (many turns dropped, more after them) that training
+    never showed, and Voyage's policies broke past their training length that way."""
+    fallback = config.compaction.fallback
+    if config.compaction.strategy != "tool" or not played:
+        return ""
+    runs = sum(c.strategy == fallback for r in played for c in r.stats.compactions)
+    if runs >= 2 * len(played):
+        return ""
+    return (f"\nnote: a full context falls back ({fallback}) {runs / len(played):.2f} times per "
+            f"episode at this length; a policy meant to hold on longer reads should train "
+            f"where it falls back several times (a smaller compaction.max_context_tokens, now "
+            f"{config.compaction.max_context_tokens}; docs/writing-environments.md)")
 
 
 def _recording(policy: Policy, recorded: dict[int, Any]) -> Policy:

@@ -190,3 +190,20 @@ def test_kwargs_lay_over_the_configs_entry_and_the_summaries_are_counted(tmp_pat
     assert figures[2] == figures[3] != "0"
     # the page headers of the 9-page read, with the config's 40 filler words a page
     assert "Page 9 of 9." in out and "of 5." not in out
+
+
+def test_a_read_that_falls_back_less_than_twice_an_episode_gets_a_note(tmp_path, capsys):
+    """A training length whose full contexts fall back at most once gets a note (a longer
+    read would show the policy contexts it never trained on); 9 pages fall back often."""
+    path = tmp_path / "book.toml"
+    path.write_text(CONFIG.format(id=f"{HERE}:CorrectLedger"))
+    notes = {}
+    for pages in (2, 9):
+        assert main(["check-env", f"{HERE}:CorrectLedger", "--config", str(path),
+                     "--num-demonstrations", "4", "--kwargs", f'{{"num_pages": {pages}}}']) == 0
+        out = capsys.readouterr().out
+        notes[pages] = [line for line in out.splitlines() if "falls back" in line]
+    assert len(notes[2]) == 1 and notes[2][0].startswith("note: a full context falls back "
+                                                         "(drop_oldest)")
+    assert "compaction.max_context_tokens, now 240" in notes[2][0]
+    assert notes[9] == []
