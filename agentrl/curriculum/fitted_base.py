@@ -24,7 +24,8 @@ import msgspec
 from agentrl.config import Config, EnvironmentConfig
 
 WarmStart = TypeVar("WarmStart", bound=msgspec.Struct)
-"""``agentrl.train.sft.WarmStartConfig`` (a higher layer, so named here by its fields)."""
+"""``agentrl.train.sft.WarmStartConfig``, typed by its base class: ``agentrl.train`` is a
+higher layer, which this module may not import."""
 
 CURRICULUM = "curriculum"
 """``agentrl sft --base curriculum``: build the base for this config first."""
