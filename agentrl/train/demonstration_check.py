@@ -162,9 +162,10 @@ def _compaction_figures(played: list[Rollout]) -> str:
 def _fallback_note(played: list[Rollout], config: Config) -> str:
     """Under ``tool``, a note when the budget's fallback runs less than twice an episode:
     a longer read then meets contexts (many turns dropped, more after them) that training
-    never showed, and Voyage's policies broke past their training length that way."""
+    never showed, and Voyage's policies broke past their training length that way. A
+    ``truncate`` fallback ends the read instead, so it gets none."""
     fallback = config.compaction.fallback
-    if config.compaction.strategy != "tool" or not played:
+    if config.compaction.strategy != "tool" or fallback == "truncate" or not played:
         return ""
     runs = sum(c.strategy == fallback for r in played for c in r.stats.compactions)
     if runs >= 2 * len(played):

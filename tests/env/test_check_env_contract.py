@@ -207,3 +207,7 @@ def test_a_read_that_falls_back_less_than_twice_an_episode_gets_a_note(tmp_path,
                                                          "(drop_oldest)")
     assert "compaction.max_context_tokens, now 240" in notes[2][0]
     assert notes[9] == []
+    # a truncate fallback ends a longer read rather than compacting it: no note
+    main(["check-env", f"{HERE}:CorrectLedger", "--config", str(path), "--num-demonstrations",
+          "4", "--kwargs", '{"num_pages": 2}', "--set", 'compaction.fallback="truncate"'])
+    assert "falls back" not in capsys.readouterr().out
