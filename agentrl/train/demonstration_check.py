@@ -22,7 +22,12 @@ import msgspec
 from agentrl.config import Config, ConfigError
 from agentrl.envs.demonstrations import Policy, demonstration_policies
 from agentrl.rollout.compact_tool import offered_tools
-from agentrl.train.sft import WarmStartConfig, demonstrations_under, new_model
+from agentrl.train.sft import (
+    WarmStartConfig,
+    curriculum_policies,
+    demonstrations_under,
+    new_model,
+)
 from agentrl.types import MAIN_THREAD, Rollout, as_dicts
 
 FIXES = {
@@ -103,7 +108,7 @@ def check_tokenizer(config: Config, base: str | None) -> tuple[Any, str, str | N
             fitted = curriculum_config(config) if start == CURRICULUM else config
             folder = new_model(fitted, WarmStartConfig(), Path(tmp),
                                policies if fitted is config else
-                               demonstration_policies(fitted))
+                               curriculum_policies(config, fitted, policies))
             tokenizer = load_tokenizer(folder)
     except ConfigError as exc:  # its demonstrations fail
         why = f"`agentrl sft` cannot fit its tokenizer: {str(exc).splitlines()[0]}"

@@ -219,9 +219,7 @@ def starting_point(config: Config, ws: WarmStartConfig, base: str | None, folder
 
     if base == CURRICULUM:  # a new model, trained on the drills with these environments
         mix = curriculum_config(config)
-        drills = [e for e in mix.environments if e not in config.environments]
-        mix_policies = {**policies, **demonstration_policies(
-            msgspec.structs.replace(mix, environments=drills))}
+        mix_policies = curriculum_policies(config, mix, policies)
         stage = curriculum_stage(ws)
         log(f"curriculum base: {stage.copy_steps} copy steps, then {stage.num_steps} steps "
             f"of the drills with the environments at a small share")
@@ -231,6 +229,15 @@ def starting_point(config: Config, ws: WarmStartConfig, base: str | None, folder
     if base:
         return Path(base)
     return new_model(config, ws, folder, policies)
+
+
+def curriculum_policies(config: Config, mix: Config, policies: dict[str, Policy]
+                        ) -> dict[str, Policy]:
+    """The demonstration sources of ``mix`` (``curriculum_config(config)``): the config's
+    own, built already, and the drills' beside them."""
+    drills = [e for e in mix.environments if e not in config.environments]
+    return {**policies, **demonstration_policies(
+        msgspec.structs.replace(mix, environments=drills))}
 
 
 def new_model(config: Config, ws: WarmStartConfig, folder: Path,
