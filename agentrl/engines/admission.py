@@ -1,6 +1,7 @@
 """How the torch engine admits requests: each one's cache slot, and how its prompt's KV
 cache is made (copied from a slot holding the same prompt, continued from its rollout's
-idle slot, or prefilled, several prompts right-padded into one forward)."""
+idle slot, its head copied from a prompt that starts the same way, or prefilled, several
+prompts right-padded into one forward)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import torch
 
 from agentrl.engines.interface import SamplingParams
-from agentrl.engines.slot_table import SlotTable
+from agentrl.engines.slot_table import MIN_SHARED_PREFIX, SlotTable, common_prefix
 
 PREFILL_TOKENS = 4096
 """Padded tokens one batched prefill forward holds at most (rows × longest new part)."""
@@ -30,6 +31,9 @@ class Request:
     slot: int = -1
     version: int = 0
     """The weights it runs under (a LoRA engine: its adapter version), set on admission."""
+    shared_head: int = 0
+    """First positions copied from another prompt's cache on admission (its prefill then
+    covers the rest, and the whole prompt is remembered for identical ones)."""
 
 
 @dataclass
@@ -42,6 +46,9 @@ class Admission:
     """(request, last-position logits): its prompt was copied from another slot."""
     followers: list[tuple[Request, Request]] = field(default_factory=list)
     """(request, the request of this round whose identical prompt it copies)."""
+    second: list[tuple[Request, Request]] = field(default_factory=list)
+    """(request, the request of this round whose prompt starts like its own): it copies
+    that prompt's head once the first forwards computed it, then prefills the rest."""
 
 
 def plan_admission(admitted: list[Request], cache: Any, table: SlotTable,
@@ -70,11 +77,46 @@ def plan_admission(admitted: list[Request], cache: Any, table: SlotTable,
             cache.set_length(request.slot, reused)
             plan.compute.append((request, reused))
         else:
-            request.slot = _take(table)
-            cache.set_length(request.slot, 0)
             leaders[prompt] = request
-            plan.compute.append((request, 0))
+            _fresh(request, plan, cache, table, batch_invariant)
     return plan
+
+
+def _fresh(request: Request, plan: Admission, cache: Any, table: SlotTable,
+           batch_invariant: bool) -> None:
+    """A prompt no slot holds: copy the longest head it shares with a prompt some slot
+    holds, or will hold after this round's first forwards; prefill the rest. Batch
+    invariant: prefill it whole (a partial prefill rounds differently)."""
+    prompt = tuple(request.prompt_ids)
+    held = None if batch_invariant else table.shared_prompt(prompt, request.version)
+    first = None if batch_invariant else _sharing_leader(prompt, request.version, plan)
+    if first is not None and (held is None or first[1] > held[1]):
+        request.slot, request.shared_head = _take(table), first[1]
+        plan.second.append((request, first[0]))
+    elif held is not None:
+        source, request.shared_head = held
+        request.slot = _take(table, keep=source)
+        cache.copy_prefix(source, request.slot, request.shared_head)
+        plan.compute.append((request, request.shared_head))
+    else:
+        request.slot = _take(table)
+        cache.set_length(request.slot, 0)
+        plan.compute.append((request, 0))
+
+
+def _sharing_leader(prompt: tuple[int, ...], version: int, plan: Admission
+                    ) -> tuple[Request, int] | None:
+    """The prompt this round's first forwards complete (under ``version``) sharing the
+    most first tokens with ``prompt``, at least ``MIN_SHARED_PREFIX``, and how many (one
+    token of ``prompt`` is left to compute)."""
+    best, common = None, MIN_SHARED_PREFIX - 1
+    for request, _ in plan.compute:
+        if request.version == version and tuple(
+                request.prompt_ids[:MIN_SHARED_PREFIX]) == prompt[:MIN_SHARED_PREFIX]:
+            length = common_prefix(tuple(request.prompt_ids), prompt)
+            if length > common:
+                best, common = request, length
+    return None if best is None else (best, min(common, len(prompt) - 1))
 
 
 def _take(table: SlotTable, keep: int | None = None, fallback: int | None = None) -> int:
@@ -115,6 +157,6 @@ def prefill(model: Any, batch: list[tuple[Request, int]], cache: Any, table: Slo
     counts = torch.tensor([len(p) for p in parts], device=device)
     logits = model.forward_cached(ids, slots, cache, num_new=counts, last_only=True)
     for (request, start), row in zip(batch, logits, strict=True):
-        if start == 0:
+        if start == request.shared_head:  # the whole prompt under its version, not a turn
             table.remember_prompt(request.slot, request.prompt_ids, row, request.version)
     return [(request, row) for (request, _), row in zip(batch, logits, strict=True)]

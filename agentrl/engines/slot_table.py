@@ -14,7 +14,10 @@ stays *idle* (not free) until another request needs the room, least recently use
   logits: no forward at all, and the same bits a prefill of its own would give;
 - a request that continues an idle slot's conversation (the same ``key``: the next turn
   of a multi-turn rollout, or a compacted context keeping the head) takes that slot over
-  and prefills only the tokens past the common prefix.
+  and prefills only the tokens past the common prefix;
+- a request whose prompt shares at least ``MIN_SHARED_PREFIX`` first tokens with a prompt
+  prefilled in some slot (every task of an environment starts with the same system
+  prompt and tool list) copies those positions and prefills only the rest.
 
 Either reuse needs the slot's keys/values to come from the weights the new request runs
 under: each slot remembers the version its cache was computed under (``cached_under``,
@@ -25,12 +28,16 @@ version never reuses it.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 LOGIT_SLOTS_LIMIT_BYTES = 256 * 2**20
 """Stored last-position logits (for identical prompts) are dropped past this size."""
+MIN_SHARED_PREFIX = 16
+"""First tokens two different prompts must share for the second to copy the first's
+keys/values instead of computing them (shorter shared heads are not worth a copy)."""
 
 
 class SlotTable:
@@ -137,7 +144,19 @@ class SlotTable:
         for slot, slot_key in self.idle.items():
             held = self.tokens[slot]
             if (slot_key == key and held and self.cached_under[slot] == version
-                    and (length := _common_prefix(held, prompt)) > common):
+                    and (length := common_prefix(held, prompt)) > common):
+                best, common = slot, length
+        return None if best is None else (best, min(common, len(prompt) - 1))
+
+    def shared_prompt(self, prompt: tuple[int, ...], version: int) -> tuple[int, int] | None:
+        """(slot, positions) for the slot holding a prefilled prompt under ``version`` that
+        shares the most first tokens with ``prompt``, at least ``MIN_SHARED_PREFIX``; at
+        least one token of ``prompt`` is left to compute (its logits)."""
+        best, common = None, MIN_SHARED_PREFIX - 1
+        head = prompt[:MIN_SHARED_PREFIX]
+        for held, slot in self.prompt_slot.items():
+            if (held[:MIN_SHARED_PREFIX] == head and self.cached_under[slot] == version
+                    and (length := common_prefix(held, prompt)) > common):
                 best, common = slot, length
         return None if best is None else (best, min(common, len(prompt) - 1))
 
@@ -234,9 +253,16 @@ def _widen(table: torch.Tensor, extra: int, fill: float) -> torch.Tensor:
     return torch.cat([table, pad], dim=1)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many first tokens ``a`` and ``b`` share; compared in slices (C speed), as
+    prompts share hundreds of tokens and are compared at every admission."""
+    if type(a) is not type(b):
+        a, b = tuple(a), tuple(b)
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low

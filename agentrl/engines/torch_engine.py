@@ -269,10 +269,10 @@ class TorchEngine(TorchWeightUpdates):
             max(len(r.prompt_ids) + r.max_tokens - 1 for r in admitted))
         plan = plan_admission(admitted, cache, table, self.batch_invariant)
         first = [(r, logits) for r, logits in plan.copied]
-        for batch in prefill_batches(plan.compute, self.batch_invariant):
-            with self._rows_under([r.version for r, _ in batch]):
-                first += prefill(self.model, batch, cache, table)
-            self.num_forwards += 1
+        first += self._prefill(plan.compute)
+        for request, leader in plan.second:  # heads the first forwards computed
+            cache.copy_prefix(leader.slot, request.slot, request.shared_head)
+        first += self._prefill([(r, r.shared_head) for r, _ in plan.second])
         leader_logits = {id(r): logits for r, logits in first}
         for request, leader in plan.followers:
             cache.copy_prefix(leader.slot, request.slot, len(request.prompt_ids))
@@ -284,6 +284,16 @@ class TorchEngine(TorchWeightUpdates):
         rows = torch.tensor([r.slot for r, _ in first], device=table.device)
         self._sample(rows, torch.stack([logits for _, logits in first]))
         self._admitting = []
+
+    def _prefill(self, compute: list[tuple[Request, int]]) -> list[tuple[Request, Any]]:
+        """Prefill ``compute`` (request, positions already cached) in padded forwards;
+        each request with its last-position logits."""
+        first = []
+        for batch in prefill_batches(compute, self.batch_invariant):
+            with self._rows_under([r.version for r, _ in batch]):
+                first += prefill(self.model, batch, self._cache, self._table)
+            self.num_forwards += 1
+        return first
 
     # ------------------------------------------------------------------ decoding
 

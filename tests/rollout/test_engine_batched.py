@@ -4,14 +4,16 @@ the requests."""
 from __future__ import annotations
 
 import asyncio
+import copy
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrl.engines.interface import SamplingParams
 from agentrl.engines.sampling import sample_rows, scaled_logprobs, top_p_mask
-from agentrl.engines.slot_table import SlotTable
+from agentrl.engines.slot_table import MIN_SHARED_PREFIX, SlotTable, common_prefix
 from agentrl.engines.torch_engine import TorchEngine
 
 
@@ -80,6 +82,62 @@ def test_a_group_of_identical_prompts_prefills_once(tiny_model):
         assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(a.logprobs), atol=1e-5)
     # one prefill forward for the six prompts, then at most 8 decode steps
     assert engine.num_forwards <= 1 + 8
+
+
+def prefilled_tokens(engine) -> list[int]:
+    """Spy on ``engine``'s model: the real tokens each prefill forward computes."""
+    counts, forward = [], engine.model.forward_cached
+
+    def counting(ids, slots, cache, *args, **kwargs):
+        if ids.shape[1] > 1:  # a prefill (a decode step feeds one token a row)
+            counts.append(int(kwargs["num_new"].sum()))
+        return forward(ids, slots, cache, *args, **kwargs)
+
+    engine.model.forward_cached = counting
+    return counts
+
+
+HEAD = list(range(5, 25))  # a system prompt: 20 tokens every task starts with
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_prompts_that_start_alike_compute_their_shared_head_once(tiny_model, together):
+    prompts = [HEAD + [30 + i, 40 + i, 50] for i in range(3)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=6)
+    engine = TorchEngine(copy.deepcopy(tiny_model), max_batch_size=3, max_len=64)
+    counts = prefilled_tokens(engine)
+    if together:  # one admission round: the first prompt's forward, then the others' tails
+        shared = generate_all(engine, prompts, greedy)
+    else:  # one after the other: each copies the head from the slot of the one before
+        shared = [asyncio.run(engine.generate(p, greedy)) for p in prompts]
+    assert sum(counts) == len(prompts[0]) + 2 * 3
+    for prompt, got in zip(prompts, shared, strict=True):
+        alone = asyncio.run(TorchEngine(tiny_model, max_batch_size=1, max_len=64).generate(
+            prompt, greedy))
+        assert got.token_ids == alone.token_ids
+        assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(alone.logprobs),
+                              atol=1e-5)
+
+
+def test_a_short_shared_head_or_a_batch_invariant_engine_prefills_whole(tiny_model):
+    greedy = SamplingParams(temperature=0.0, max_tokens=2)
+    short = [HEAD[:MIN_SHARED_PREFIX - 1] + [30 + i] for i in range(2)]
+    engine = TorchEngine(copy.deepcopy(tiny_model), max_batch_size=2, max_len=64)
+    counts = prefilled_tokens(engine)
+    generate_all(engine, short, greedy)
+    assert sum(counts) == 2 * MIN_SHARED_PREFIX
+    invariant = TorchEngine(copy.deepcopy(tiny_model), max_batch_size=2, max_len=64,
+                            batch_invariant=True)
+    counts = prefilled_tokens(invariant)
+    generate_all(invariant, [HEAD + [30], HEAD + [31]], greedy)
+    assert counts == [len(HEAD) + 1] * 2
+
+
+@given(a=st.lists(st.integers(0, 3), max_size=12), b=st.lists(st.integers(0, 3), max_size=12))
+def test_common_prefix_is_the_first_position_where_they_differ(a, b):
+    pairs = enumerate(zip(a, b, strict=False))  # up to the shorter one
+    expected = next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
+    assert common_prefix(a, b) == expected == common_prefix(tuple(a), b)
 
 
 def test_the_next_turn_of_a_rollout_prefills_only_its_new_tokens(tiny_model):
