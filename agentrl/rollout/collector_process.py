@@ -11,7 +11,8 @@ Python work slows every step the trainer takes while they run.
 ``publish``, ``sampler_state_before``, ``close``) plus what the trainer otherwise asks its
 own engine (``needs_initial_sync``, ``adopt_version``, ``evaluate``). The trainer's calls
 are sequential, so the child serves them one at a time while its collector thread keeps
-generating ahead. Weights travel as CPU tensors in shared memory (torch.multiprocessing).
+generating ahead. Weights travel as CPU tensors in shared memory (torch.multiprocessing),
+packed into a few flat buffers (:class:`PackedWeights`).
 If the child dies, the next call raises with its exit code; if the trainer dies, the
 child sees the pipe close and exits.
 """
@@ -19,10 +20,12 @@ child sees the pipe close and exits.
 from __future__ import annotations
 
 import asyncio
+import math
 import multiprocessing.connection
 import os
 import traceback
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +35,56 @@ import torch
 from agentrl.rollout.async_collector import POLL_S
 from agentrl.rollout.runner import CollectionResult
 
+PACK_BYTES = 64 * 2**20
+"""Bytes of weights one shared buffer holds at most (:func:`pack_weights`)."""
 START_TIMEOUT_S = 600.0
 """Seconds the child may take to build its replicas and environments (vLLM servers and
 sandboxes can take minutes)."""
+
+
+@dataclass
+class PackedWeights:
+    """Named weights in a few flat CPU buffers: the pipe shares each buffer's memory with
+    the child through one file descriptor instead of one per tensor (the async bench's
+    27-tensor model: 11.5 -> 2.6 ms a publish, copy and round trip included, much of it
+    on the engine's core)."""
+
+    buffers: list[torch.Tensor] = field(default_factory=list)
+    entries: list[tuple[str, int, int, tuple[int, ...]]] = field(default_factory=list)
+    """(name, buffer index, first element, shape) per weight."""
+
+
+def pack_weights(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> PackedWeights:
+    """Consecutive weights of one dtype concatenated into buffers of at most
+    ``PACK_BYTES`` (a larger weight alone in its own), consumed as they come so that at
+    most one buffer's worth exists twice."""
+    packed, pending, size = PackedWeights(), [], 0
+
+    def flush() -> None:
+        nonlocal pending, size
+        if pending:
+            packed.buffers.append(torch.cat([t.reshape(-1) for _, t in pending]))
+            offset = 0
+            for name, tensor in pending:
+                packed.entries.append((name, len(packed.buffers) - 1, offset,
+                                       tuple(tensor.shape)))
+                offset += tensor.numel()
+        pending, size = [], 0
+
+    for name, tensor in named_tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if pending and (tensor.dtype != pending[0][1].dtype or size + nbytes > PACK_BYTES):
+            flush()
+        pending.append((name, tensor))
+        size += nbytes
+    flush()
+    return packed
+
+
+def unpack_weights(packed: PackedWeights) -> dict[str, torch.Tensor]:
+    """The named weights of :func:`pack_weights`, as views into its buffers."""
+    return {name: packed.buffers[index][start:start + math.prod(shape)].view(shape)
+            for name, index, start, shape in packed.entries}
 
 
 class ProcessCollector:
@@ -61,16 +111,17 @@ class ProcessCollector:
         return msgspec.msgpack.decode(payload, type=CollectionResult)
 
     @staticmethod
-    def snapshot(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    def snapshot(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> PackedWeights:
         """The weights for :meth:`publish`, copied to the CPU one tensor at a time as
-        they are gathered: the child gets CPU tensors anyway, so no whole copy of the
-        policy is ever made on the trainer's GPU."""
-        return {name: tensor.detach().to("cpu") for name, tensor in named_tensors}
+        they are gathered (the child gets CPU tensors anyway, so no whole copy of the
+        policy is ever made on the trainer's GPU) and packed (:func:`pack_weights`)."""
+        return pack_weights((name, tensor.detach().to("cpu")) for name, tensor in named_tensors)
 
-    def publish(self, snapshot: dict[str, torch.Tensor], version: int) -> None:
+    def publish(self, snapshot: PackedWeights | dict[str, torch.Tensor], version: int) -> None:
         """Hand the weights of ``version`` to the child's engine; returns once sent."""
-        cpu = {name: tensor.detach().to("cpu") for name, tensor in snapshot.items()}
-        self._send("weights", version, cpu)
+        if isinstance(snapshot, dict):
+            snapshot = pack_weights((n, t.detach().to("cpu")) for n, t in snapshot.items())
+        self._send("weights", version, snapshot)
 
     def sampler_state_before(self, step: int) -> dict[str, Any]:
         """The child's sampler state from just before collection ``step`` drew a task."""
@@ -174,7 +225,7 @@ def _answer_calls(conn: multiprocessing.connection.Connection, side: _RolloutSid
             return
         if kind == "weights":
             try:
-                side.collector.publish(args[1], args[0])
+                side.collector.publish(unpack_weights(args[1]), args[0])
             except BaseException:  # noqa: BLE001 - reported with the next reply
                 failed_weights = traceback.format_exc()
             continue

@@ -4,16 +4,21 @@ states cross the pipe; a dead child or a failed start surfaces as an error namin
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import tomllib
+from unittest.mock import patch
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentrl.config import ConfigError, config_from_dict
 from agentrl.model import build_tiny_checkpoint
-from agentrl.rollout.collector_process import ProcessCollector
+from agentrl.rollout import collector_process
+from agentrl.rollout.collector_process import ProcessCollector, pack_weights, unpack_weights
 from agentrl.train.run import build_run
 from agentrl.train.trainer import train
 from tests.train.test_train_e2e import CONFIG
@@ -88,3 +93,24 @@ def test_a_failed_start_raises_the_childs_error(model_dir) -> None:
 def test_process_collector_needs_asynchronous_collection(model_dir) -> None:
     with pytest.raises(ConfigError, match="max_staleness >= 1"):
         _config(model_dir, max_staleness=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(shapes=st.lists(st.lists(st.integers(0, 5), max_size=3), min_size=1, max_size=8),
+       dtypes=st.lists(st.sampled_from([torch.float32, torch.bfloat16]), min_size=8,
+                       max_size=8),
+       limit=st.sampled_from([8, 64, 2**20]))
+def test_packed_weights_unpack_to_the_same_tensors(shapes, dtypes, limit) -> None:
+    named = [(f"w{i}", torch.randn(shape).to(dtype))
+             for i, (shape, dtype) in enumerate(zip(shapes, dtypes, strict=False))]
+    with patch.object(collector_process, "PACK_BYTES", limit):
+        packed = pack_weights(iter(named))
+    unpacked = unpack_weights(packed)
+    assert list(unpacked) == [name for name, _ in named]
+    for name, tensor in named:
+        assert unpacked[name].dtype == tensor.dtype and torch.equal(unpacked[name], tensor)
+    # a buffer per run of weights of one dtype, more only where a run passes the limit
+    runs = 1 + sum(a.dtype != b.dtype for (_, a), (_, b) in itertools.pairwise(named))
+    assert runs <= len(packed.buffers) <= len(named)
+    if limit == 2**20:
+        assert len(packed.buffers) == runs
