@@ -7,7 +7,9 @@ The warm start (``agentrl sft configs/drill_keep.toml``, from the generic base) 
 demonstrator that calls ``compact`` right after the page holding the asked fact but
 writes a random fact of that page into the summary (``keeps = "random"``); its answers
 are right, so it also teaches answering without the fact. Only reward can teach which
-fact to keep. An answer before the last page is read scores 0 (``read_all``): without
+fact to keep. What the warm start learns is cruder (README, benchmarks): it compacts
+right after the read's first page, which holds the asked fact in half the tasks, and
+keeps that page's first fact. An answer before the last page is read scores 0 (``read_all``): without
 that, RL gained as much with the summary's gradient masked, by answering right after the
 page that held the fact. Then ``agentrl train configs/drill_keep.toml`` once per seed
 and arm:

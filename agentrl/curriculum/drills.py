@@ -46,12 +46,17 @@ moments but keeps the wrong facts: only reward can teach which ones matter), or 
 
 
 class DrillEnv(AgentEnv):
-    """Read every page with ``read``, then answer a question about some facts."""
+    """Read every page with ``read``, then answer a question about some facts.
+
+    ``asked_on_first``: every asked fact sits on the first page, which then holds
+    ``facts_per_page`` facts, so the moment to compact is always right after it and only
+    which of its facts to keep is left to learn (``configs/drill_keep.toml``)."""
 
     def __init__(self, max_pages: int = 12, min_pages: int = 1, facts_per_page: int = 2,
                  filler_words: int = 8,
                  questions: tuple[str, ...] = QUESTIONS, keeps: str = "needed",
-                 read_all: bool = False, max_turns: int | None = None, **kwargs):
+                 read_all: bool = False, asked_on_first: bool = False,
+                 max_turns: int | None = None, **kwargs):
         if not 1 <= min_pages <= max_pages or facts_per_page < 1 or filler_words < 0:
             raise ValueError(f"drill: need 1 <= min_pages <= max_pages, facts_per_page >= 1, "
                              f"filler_words >= 0; got {min_pages}, {max_pages}, "
@@ -65,8 +70,13 @@ class DrillEnv(AgentEnv):
                              f"facts need distinct names; at most {len(NAMES)}")
         if keeps not in KEEPS:
             raise ValueError(f"drill: keeps={keeps!r} unknown; choose among {KEEPS}")
+        asked = 2 if set(questions) - {"one"} else 1
+        if asked_on_first and facts_per_page < asked:
+            raise ValueError(f"drill: asked_on_first puts every asked fact on the first page; "
+                             f"questions {sorted(questions)} ask {asked}, so facts_per_page "
+                             f"must be at least {asked}, got {facts_per_page}")
         super().__init__(max_turns=max_turns or 2 * max_pages + 2, **kwargs)
-        self.keeps, self.read_all = keeps, read_all
+        self.keeps, self.read_all, self.asked_on_first = keeps, read_all, asked_on_first
         self.min_pages, self.max_pages, self.facts_per_page = min_pages, max_pages, facts_per_page
         self.filler_words, self.questions = filler_words, tuple(questions)
         self.pages: list[str] = []
@@ -86,6 +96,8 @@ class DrillEnv(AgentEnv):
         question = str(rng.choice(self.questions))
         fact_format = str(rng.choice(FACT_FORMATS))
         per_page = [int(rng.integers(1, self.facts_per_page + 1)) for _ in range(num_pages)]
+        if self.asked_on_first:
+            per_page[0] = self.facts_per_page
         per_page[-1] += max(0, 2 - sum(per_page))  # every question has two facts to ask
         names = [str(n) for n in rng.choice(NAMES, sum(per_page), replace=False)]
         words = question == "two" and rng.random() < 0.5
@@ -93,7 +105,9 @@ class DrillEnv(AgentEnv):
                   for _ in names]
         facts = list(zip(names, values, strict=True))
         where = np.repeat(np.arange(num_pages), per_page)
-        asked = _asked(rng, where, 1 if question == "one" else 2)
+        count = 1 if question == "one" else 2
+        asked = (sorted(int(i) for i in rng.choice(per_page[0], count, replace=False))
+                 if self.asked_on_first else _asked(rng, where, count))
         # half the reads are the last pages of a longer list: page numbers up to 99 in the
         # prompt and the headers, whatever the read's length
         first = 1 if rng.random() < 0.5 else int(rng.integers(1, 100 - num_pages))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
-from agentrl.curriculum.drills import DrillEnv, expected_answer, labelled_answer
+from agentrl.curriculum.drills import NAMES, DrillEnv, expected_answer, labelled_answer
 from agentrl.model.tiny import tiny_tokenizer
 from agentrl.reassembler import to_rows
 from agentrl.rollout.demonstrations import play_demonstrations
@@ -107,6 +107,23 @@ def test_bad_settings_are_refused_in_one_line():
         DrillEnv(questions=("why",))
     with pytest.raises(ValueError, match="distinct names; at most 40"):
         DrillEnv(max_pages=20, facts_per_page=3)
+    with pytest.raises(ValueError, match="facts_per_page must be at least 2, got 1"):
+        DrillEnv(facts_per_page=1, asked_on_first=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), question=st.sampled_from(["one", "two", "sum"]))
+def test_asked_on_first_puts_every_asked_fact_among_the_first_pages_facts(seed, question):
+    env = DrillEnv(min_pages=2, max_pages=6, facts_per_page=3, questions=(question,),
+                   asked_on_first=True)
+    env.reset(seed=seed)
+    first, *rest = env.task.answer["pages"]
+    lines = env.needed_facts()
+    assert len(lines) == (1 if question == "one" else 2)
+    assert all(line in first and not any(line in page for page in rest) for line in lines)
+    facts = [line for line in first.splitlines()[1:] if line.strip() and any(
+        name in line.replace(":", " ").replace("=", " ").split() for name in NAMES)]
+    assert len(facts) == 3  # a full first page: which fact to keep is a real choice
 
 
 def test_the_base_config_plays_under_its_budget_and_compacts():
