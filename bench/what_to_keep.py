@@ -9,10 +9,10 @@ writes a random fact of that page into the summary (``keeps = "random"``); its a
 are right, so it also teaches answering without the fact. Only reward can teach which
 fact to keep. What the warm start learns is cruder (README, benchmarks): it compacts
 right after the read's first page, which holds the asked fact in half the tasks, and
-keeps that page's first fact. An answer before the last page is read scores 0 (``read_all``): without
-that, RL gained as much with the summary's gradient masked, by answering right after the
-page that held the fact. Then ``agentrl train configs/drill_keep.toml`` once per seed
-and arm:
+keeps that page's first fact. An answer before the last page is read scores 0
+(``read_all``): without that, RL gained as much with the summary's gradient masked, by
+answering right after the page that held the fact. Then ``agentrl train
+configs/drill_keep.toml`` once per seed and arm:
 
 - ``train``: every generated token is trained, the summary's included (the default,
   ``loss.summary_tokens = "train"``);
