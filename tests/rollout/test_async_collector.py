@@ -283,11 +283,12 @@ def test_weights_wait_for_a_validation_sharing_the_engine() -> None:
 
 
 def test_the_snapshot_is_the_trainers_own_copy() -> None:
-    from agentrl.rollout.collector_process import ProcessCollector
+    from agentrl.rollout.collector_process import ProcessCollector, unpack_weights
 
     weight = torch.ones(3)
-    for snapshot in (AsyncCollector.snapshot, ProcessCollector.snapshot):
-        copy = snapshot(iter([("w", weight * 1)]))  # a gathered tensor, as the trainer's
+    for snapshot, named in ((AsyncCollector.snapshot, dict),
+                            (ProcessCollector.snapshot, unpack_weights)):
+        copy = named(snapshot(iter([("w", weight * 1)])))  # a gathered tensor, as the trainer's
         assert list(copy) == ["w"] and copy["w"].device.type == "cpu"
     thread_copy = AsyncCollector.snapshot(iter([("w", weight)]))
     weight.add_(1.0)  # the trainer's next update, in place
