@@ -8,7 +8,7 @@ compaction, Countdown) plus ``SlowToolCalculator``, whose tool calls take 50 ms 
 sandbox (``bench/slow_tools.py``). Each k trains from the same warm start with the same
 seed (k >= 1 with the decoupled objective and the negative-advantage veto at 2, and
 carry-over, ``rollout.carry_over``, on as by default; in-flight weight updates off: on
-this CPU engine they cost more than they gain, 1.29x against 1.49x in one run), one
+this CPU engine they cost more than they gain, 1.41x against 1.59x), one
 after the other in this process. Printed per k: steps per minute and its ratio to the
 synchronous loop; the share of wall time the trainer sat idle (waiting for a collection)
 and the engine sat idle (nothing to generate: while the trainer trains, in the
