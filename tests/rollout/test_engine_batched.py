@@ -119,6 +119,21 @@ def test_prompts_that_start_alike_compute_their_shared_head_once(tiny_model, tog
                               atol=1e-5)
 
 
+def test_a_lone_slot_holding_the_shared_head_is_continued_by_the_next_prompt(tiny_model):
+    # one slot: the prompt that shares its head must take over the slot holding it
+    greedy = SamplingParams(temperature=0.0, max_tokens=4)
+    engine = TorchEngine(copy.deepcopy(tiny_model), max_batch_size=1, max_len=64)
+    counts = prefilled_tokens(engine)
+    first, second = HEAD + [30, 40], HEAD + [31, 41, 51]
+    asyncio.run(engine.generate(first, greedy))
+    got = asyncio.run(engine.generate(second, greedy))
+    assert counts == [len(first), 3]
+    alone = asyncio.run(TorchEngine(tiny_model, max_batch_size=1, max_len=64).generate(
+        second, greedy))
+    assert got.token_ids == alone.token_ids
+    assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(alone.logprobs), atol=1e-5)
+
+
 def test_a_short_shared_head_or_a_batch_invariant_engine_prefills_whole(tiny_model):
     greedy = SamplingParams(temperature=0.0, max_tokens=2)
     short = [HEAD[:MIN_SHARED_PREFIX - 1] + [30 + i] for i in range(2)]
