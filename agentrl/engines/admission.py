@@ -94,8 +94,8 @@ def _fresh(request: Request, plan: Admission, cache: Any, table: SlotTable,
         request.slot, request.shared_head = _take(table), first[1]
         plan.second.append((request, first[0]))
     elif held is not None:
-        source, request.shared_head = held  # no other slot free: continue the source's
-        request.slot = _take(table, keep=source, fallback=source)
+        source, request.shared_head = held
+        request.slot = _take(table, keep=source, fallback=source)  # none free: the source
         cache.copy_prefix(source, request.slot, request.shared_head)
         plan.compute.append((request, request.shared_head))
     else:

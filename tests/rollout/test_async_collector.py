@@ -290,6 +290,10 @@ def test_the_snapshot_is_the_trainers_own_copy() -> None:
                             (ProcessCollector.snapshot, unpack_weights)):
         copy = named(snapshot(iter([("w", weight * 1)])))  # a gathered tensor, as the trainer's
         assert list(copy) == ["w"] and copy["w"].device.type == "cpu"
+    # an unsharded float32 CPU policy yields its parameters themselves (no cast, no
+    # gather): a snapshot must copy them, or the child would read the next updates
     thread_copy = AsyncCollector.snapshot(iter([("w", weight)]))
+    process_copy = unpack_weights(ProcessCollector.snapshot(iter([("w", weight)])))
     weight.add_(1.0)  # the trainer's next update, in place
     assert torch.equal(thread_copy["w"], torch.ones(3))
+    assert torch.equal(process_copy["w"], torch.ones(3))
