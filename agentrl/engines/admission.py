@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from agentrl.engines.interface import SamplingParams
-from agentrl.engines.slot_table import MIN_SHARED_PREFIX, SlotTable, common_prefix
+from agentrl.engines.slot_table import SlotTable, longest_shared_head
 
 PREFILL_TOKENS = 4096
 """Padded tokens one batched prefill forward holds at most (rows × longest new part)."""
@@ -106,17 +106,10 @@ def _fresh(request: Request, plan: Admission, cache: Any, table: SlotTable,
 
 def _sharing_leader(prompt: tuple[int, ...], version: int, plan: Admission
                     ) -> tuple[Request, int] | None:
-    """The prompt this round's first forwards complete (under ``version``) sharing the
-    most first tokens with ``prompt``, at least ``MIN_SHARED_PREFIX``, and how many (one
-    token of ``prompt`` is left to compute)."""
-    best, common = None, MIN_SHARED_PREFIX - 1
-    for request, _ in plan.compute:
-        if request.version == version and tuple(
-                request.prompt_ids[:MIN_SHARED_PREFIX]) == prompt[:MIN_SHARED_PREFIX]:
-            length = common_prefix(tuple(request.prompt_ids), prompt)
-            if length > common:
-                best, common = request, length
-    return None if best is None else (best, min(common, len(prompt) - 1))
+    """The request whose prompt this round's first forwards complete (under ``version``)
+    sharing the longest head with ``prompt`` (:func:`longest_shared_head`)."""
+    return longest_shared_head(prompt, ((tuple(r.prompt_ids), r) for r, _ in plan.compute
+                                        if r.version == version))
 
 
 def _take(table: SlotTable, keep: int | None = None, fallback: int | None = None) -> int:

@@ -28,13 +28,14 @@ version never reuses it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
 
 import torch
 
 LOGIT_SLOTS_LIMIT_BYTES = 256 * 2**20
 """Stored last-position logits (for identical prompts) are dropped past this size."""
+Candidate = TypeVar("Candidate")
 MIN_SHARED_PREFIX = 16
 """First tokens two different prompts must share for the second to copy the first's
 keys/values instead of computing them (shorter shared heads are not worth a copy)."""
@@ -150,15 +151,10 @@ class SlotTable:
 
     def shared_prompt(self, prompt: tuple[int, ...], version: int) -> tuple[int, int] | None:
         """(slot, positions) for the slot holding a prefilled prompt under ``version`` that
-        shares the most first tokens with ``prompt``, at least ``MIN_SHARED_PREFIX``; at
-        least one token of ``prompt`` is left to compute (its logits)."""
-        best, common = None, MIN_SHARED_PREFIX - 1
-        head = prompt[:MIN_SHARED_PREFIX]
-        for held, slot in self.prompt_slot.items():
-            if (held[:MIN_SHARED_PREFIX] == head and self.cached_under[slot] == version
-                    and (length := common_prefix(held, prompt)) > common):
-                best, common = slot, length
-        return None if best is None else (best, min(common, len(prompt) - 1))
+        shares the longest head with ``prompt`` (:func:`longest_shared_head`)."""
+        return longest_shared_head(prompt, ((held, slot) for held, slot in
+                                            self.prompt_slot.items()
+                                            if self.cached_under[slot] == version))
 
     def set_version(self, version: int, slots: list[int] | None = None) -> None:
         """From now on ``slots`` (every slot for None) record ``version`` for their tokens
@@ -251,6 +247,21 @@ class SlotTable:
 def _widen(table: torch.Tensor, extra: int, fill: float) -> torch.Tensor:
     pad = torch.full((table.shape[0], extra), fill, dtype=table.dtype, device=table.device)
     return torch.cat([table, pad], dim=1)
+
+
+def longest_shared_head(prompt: tuple[int, ...],
+                        candidates: Iterable[tuple[tuple[int, ...], Candidate]]
+                        ) -> tuple[Candidate, int] | None:
+    """(candidate, positions) for the (tokens, candidate) pair whose tokens share the most
+    first tokens with ``prompt``, at least ``MIN_SHARED_PREFIX``, else None; at least one
+    token of ``prompt`` is left to compute (its logits)."""
+    best, common = None, MIN_SHARED_PREFIX - 1
+    head = prompt[:MIN_SHARED_PREFIX]
+    for tokens, candidate in candidates:
+        if tokens[:MIN_SHARED_PREFIX] == head and (
+                length := common_prefix(tokens, prompt)) > common:
+            best, common = candidate, length
+    return None if best is None else (best, min(common, len(prompt) - 1))
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -148,6 +148,21 @@ def test_a_short_shared_head_or_a_batch_invariant_engine_prefills_whole(tiny_mod
     assert counts == [len(HEAD) + 1] * 2
 
 
+def test_a_shared_head_comes_from_the_longest_match_under_the_same_weights():
+    table = SlotTable(4, torch.device("cpu"))
+    head = tuple(HEAD)
+    for slot, prompt, version in [(0, head + (1, 2), 0), (1, head + (1, 3, 4), 0),
+                                  (2, head + (1, 3, 4, 5), 1)]:
+        table.claim(slot)
+        table.remember_prompt(slot, list(prompt), torch.zeros(3), version)
+    assert table.shared_prompt(head + (1, 3, 4, 9), 0) == (1, 23)  # slot 2 is version 1
+    assert table.shared_prompt(head + (1, 3, 4, 9), 1) == (2, 23)
+    assert table.shared_prompt(head + (1, 3, 4), 0) == (1, 22)  # one token left to compute
+    assert table.shared_prompt(head + (7,), 0) == (0, 20)  # ties: the first held prompt
+    assert table.shared_prompt(head[:MIN_SHARED_PREFIX - 1] + (9, 9), 0) is None
+    assert table.shared_prompt(head, 2) is None  # nothing under version 2
+
+
 @given(a=st.lists(st.integers(0, 3), max_size=12), b=st.lists(st.integers(0, 3), max_size=12))
 def test_common_prefix_is_the_first_position_where_they_differ(a, b):
     pairs = enumerate(zip(a, b, strict=False))  # up to the shorter one
