@@ -117,10 +117,9 @@ class ProcessCollector:
         policy is ever made on the trainer's GPU) and packed (:func:`pack_weights`)."""
         return pack_weights((name, tensor.detach().to("cpu")) for name, tensor in named_tensors)
 
-    def publish(self, snapshot: PackedWeights | dict[str, torch.Tensor], version: int) -> None:
-        """Hand the weights of ``version`` to the child's engine; returns once sent."""
-        if isinstance(snapshot, dict):
-            snapshot = pack_weights((n, t.detach().to("cpu")) for n, t in snapshot.items())
+    def publish(self, snapshot: PackedWeights, version: int) -> None:
+        """Hand the weights of ``version`` (a :meth:`snapshot`) to the child's engine;
+        returns once sent."""
         self._send("weights", version, snapshot)
 
     def sampler_state_before(self, step: int) -> dict[str, Any]:

@@ -76,7 +76,8 @@ def test_a_killed_collector_process_is_an_error_naming_it(tmp_path, model_dir) -
 def test_weights_the_child_cannot_take_fail_the_next_call(tmp_path, model_dir) -> None:
     run = build_run(_config(model_dir), tmp_path / "run")
     try:
-        run.collector.publish({"no.such.weight": torch.zeros(2)}, 1)  # no reply to wait on
+        unknown = run.collector.snapshot(iter([("no.such.weight", torch.zeros(2))]))
+        run.collector.publish(unknown, 1)  # no reply to wait on
         with pytest.raises(RuntimeError, match="taking published weights failed"):
             run.collector.sampler_state_before(1)
         assert run.collector.sampler_state_before(1)  # reported once; the child goes on
