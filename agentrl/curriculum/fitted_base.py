@@ -60,7 +60,8 @@ def curriculum_config(config: Config, share: float = ENV_SHARE) -> Config:
     demonstrations; enough turns for a read of six pages, its compactions and the answer;
     the config's summary strategy (``tool`` when it has none, so drills can keep facts)."""
     total = sum(env.weight for env in config.environments)
-    drills = msgspec.structs.replace(DRILLS, weight=total * (1 - share) / share)
+    drills = msgspec.structs.replace(DRILLS, weight=total * (1 - share) / share,
+                                     name=_free_name(config, DRILLS.display_name()))
     rollout = msgspec.structs.replace(
         config.rollout, max_turns=max(config.rollout.max_turns, 16),
         max_rollout_tokens=max(config.rollout.max_rollout_tokens, 400))
@@ -70,6 +71,15 @@ def curriculum_config(config: Config, share: float = ENV_SHARE) -> Config:
                                              fallback="drop_oldest")
     return msgspec.structs.replace(config, environments=[*config.environments, drills],
                                    rollout=rollout, compaction=compaction)
+
+
+def _free_name(config: Config, name: str) -> str:
+    """``name``, or ``name`` with a number added when one of the config's environments
+    already has it (a config training a drill of its own): demonstrations and shares are
+    counted by name, so two environments of one name would merge into one."""
+    taken = {env.display_name() for env in config.environments}
+    return next(candidate for candidate in (name, *(f"{name}_{i}" for i in range(2, 99)))
+                if candidate not in taken)
 
 
 def curriculum_stage(ws: WarmStart) -> WarmStart:

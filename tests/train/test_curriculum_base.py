@@ -99,3 +99,23 @@ def test_check_env_measures_with_the_tokenizer_the_curriculum_base_will_have() -
     tokenizer, name, stand_in = check_tokenizer(_config(), "curriculum")
     assert stand_in is None and "--base curriculum" in name
     assert len(tokenizer.encode(" ledger")) == 1 and len(tokenizer.encode("What is salt?")) <= 4
+
+
+def test_a_config_with_its_own_drill_keeps_it_apart_from_the_curriculum_drills() -> None:
+    """Shares and demonstrations are counted by environment name: a config whose own
+    environment is named like the curriculum's drills (``configs/drill_keep.toml``) must
+    keep both, each in its share, instead of one silently replacing the other."""
+    own = {"id": "agentrl/Drill-v0", "name": "drill",
+           "kwargs": {"facts_per_page": 3, "keeps": "random"}}
+    config = config_from_dict({
+        "environments": [own],
+        "batch": {"rollout_batch_size": 2, "n_samples_per_prompt": 1, "global_batch_size": 2},
+        "compaction": {"strategy": "tool", "max_context_tokens": 200},
+    })
+    mix = curriculum_config(config)
+    names = [e.display_name() for e in mix.environments]
+    assert names[0] == "drill" and len(set(names)) == 2, names
+    assert mix.environments[0].kwargs["keeps"] == "random"
+    assert mix.environments[1].kwargs == fitted_base.DRILLS.kwargs
+    assert mix.environments[0].weight / sum(e.weight for e in mix.environments) \
+        == pytest.approx(fitted_base.ENV_SHARE)
