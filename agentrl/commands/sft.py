@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override one config setting")
     for name in ("num_steps", "rows_per_step", "num_demonstrations", "warmup_steps",
-                 "copy_steps", "recall_rows", "seed"):
+                 "copy_steps", "recall_rows", "copy_rows", "seed"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int,
                             default=getattr(defaults, name), dest=name)
     for name in NEW_MODEL_ONLY[:3]:  # None: not given (they shape a --base new model only)

@@ -130,3 +130,34 @@ def test_recall_rows_join_every_step_beside_the_demonstrations(tmp_path, monkeyp
             trained = tokenizer.decode([t for t, m in zip(row.token_ids, row.loss_mask,
                                                           strict=True) if m])
             assert trained.rstrip().endswith(".") and "What" not in trained
+
+
+def test_copy_rows_join_every_step_beside_the_demonstrations(tmp_path, monkeypatch) -> None:
+    """--copy-rows N: every SFT step also trains N rows of the copy pretraining's task (a
+    span of ordinary token ids repeated after a gap, trained on the repeat only), so that
+    the demonstrations do not overwrite the copy circuit."""
+    import agentrl.train.sft as sft
+    from agentrl.train.sft import WarmStartConfig, warm_start
+
+    config = config_from_dict({
+        "environments": [{"id": "agentrl/Countdown-v0",
+                          "kwargs": {"num_numbers": 2, "max_number": 9}}],
+        "batch": {"rollout_batch_size": 2, "n_samples_per_prompt": 1, "global_batch_size": 2},
+    })
+    base = build_tiny_checkpoint(tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2,
+                                 num_kv_heads=1, vocab_size=300)
+    steps: list[list] = []
+    real_step = sft.sft_step
+    monkeypatch.setattr(sft, "sft_step", lambda model, rows, *a: steps.append(rows) or
+                        real_step(model, rows, *a))
+    ws = WarmStartConfig(num_steps=3, rows_per_step=2, num_demonstrations=4, copy_rows=4)
+    warm_start(config, tmp_path / "out", ws, base=str(base), log=lambda _: None)
+    ordinary = load_tokenizer(base).raw.get_vocab_size(with_added_tokens=False)
+    assert len(steps) == 3
+    for rows in steps:
+        copies = [r for r in rows if r.env == "copy"]
+        assert len(copies) == 4 and len(rows) == 6
+        for row in copies:
+            repeat = [t for t, m in zip(row.token_ids, row.loss_mask, strict=True) if m]
+            assert repeat and row.token_ids[:len(repeat)] == repeat
+            assert row.token_ids[-len(repeat):] == repeat and max(row.token_ids) < ordinary
