@@ -1,7 +1,10 @@
 """Synchronous vs asynchronous training (rollout.max_staleness = 0, 1, 2), side by side.
 
     python -m bench.async [--quick] [--steps N] [--repeats R] [--threads T] [--out DIR]
-                          [--ks 0,1,2] [--collector thread|process] [--engine-process]
+                          [--ks 0,1,2] [--collector process|thread] [--engine-process]
+
+The defaults are the recommended settings for a 2-core machine: one torch thread per side
+(``--threads 1``) and the rollout side in a process of its own (``--collector process``).
 
 The earlier quickstart mix (configs/calc_countdown.toml: Calculator with a tool and
 compaction, Countdown) plus ``SlowToolCalculator``, whose tool calls take 50 ms like a real API or
@@ -20,9 +23,11 @@ their own (on the shared CPU cores of a small machine they compete instead). The
 ``agentrl report`` overlays the runs (``DIR/async.png``: reward against rollouts, tokens,
 updates and active time).
 
-``--threads 1`` runs every torch op single-threaded: on a 2-core machine the synchronous
+``--threads 1`` (the default; ``--threads 0`` leaves torch's own count) runs every torch op
+single-threaded: on a 2-core machine the synchronous
 loop then uses one core while the engine and the trainer of k >= 1 get one core each, a
-stand-in for engine and trainer on hardware of their own. ``--collector process`` runs the
+stand-in for engine and trainer on hardware of their own. ``--collector process`` (the
+default; ``thread`` keeps the rollout side in the trainer's process) runs the
 k >= 1 collections with ``rollout.collector = "process"``: the engine, environments and
 runner in a process of their own, so none of their Python shares the trainer's
 interpreter. ``--engine-process`` goes one
@@ -196,11 +201,11 @@ def main() -> None:
     parser.add_argument("--ks", default="0,1,2", help="max_staleness values to compare")
     parser.add_argument("--repeats", type=int, default=1,
                         help="rounds over the k; the median round is reported per k")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads (default: torch's); 1 gives the engine "
-                             "and the trainer one core each on a 2-core machine, a stand-in "
-                             "for hardware of their own")
-    parser.add_argument("--collector", choices=("thread", "process"), default="thread",
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: the engine and the trainer "
+                             "one core each on a 2-core machine, a stand-in for hardware of "
+                             "their own; 0: torch's own count)")
+    parser.add_argument("--collector", choices=("thread", "process"), default="process",
                         help="rollout.collector of the k >= 1 runs: the rollout side on a "
                              "thread of the trainer's process, or in a process of its own")
     parser.add_argument("--engine-process", action="store_true",
