@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override one config setting")
     for name in ("num_steps", "rows_per_step", "num_demonstrations", "warmup_steps",
-                 "copy_steps", "recall_rows", "copy_rows", "seed"):
+                 "copy_steps", "keyed_steps", "recall_rows", "copy_rows", "seed"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int,
                             default=getattr(defaults, name), dest=name)
     for name in NEW_MODEL_ONLY[:3]:  # None: not given (they shape a --base new model only)
@@ -97,6 +97,11 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.train.sft import WarmStartConfig, warm_start
 
     base = resolve_base(args)
+    if args.keyed_steps and not args.copy_steps and base != CURRICULUM:
+        from agentrl.config import ConfigError
+
+        raise ConfigError(f"--keyed-steps {args.keyed_steps} follows the copy steps: add "
+                          "--copy-steps N (a new model's copy stage) or --base curriculum")
     config = load_config(args.config, args.overrides)
     trajectories = load_trajectories(args.demonstrations)
     defaults = WarmStartConfig()

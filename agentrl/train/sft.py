@@ -118,10 +118,13 @@ class WarmStartConfig(msgspec.Struct, kw_only=True):
     """Recall rows (``agentrl.curriculum.recall``: facts, then questions answered by name,
     the loss on the answers) added to every step beside the demonstrations: dense practice
     of lookup, copy and sum, for building a base."""
+    keyed_steps: int = 0
+    """Steps of keyed recall after the copy steps (``agentrl.train.copy_pretrain``:
+    lookup of a value a few tokens after its key); only with ``copy_steps``."""
     copy_rows: int = 0
-    """Copy rows (the copy pretraining's task: a random token span repeated after a
-    gap) added to every step beside the demonstrations, so that the demonstrations'
-    fixed layout does not overwrite the induction circuit the copy stage formed."""
+    """N copy rows and N keyed recall rows (the copy stage's tasks, on random tokens)
+    added to every step beside the demonstrations, so that the demonstrations' fixed
+    layout does not overwrite the circuits the copy stage formed."""
     strategies: list[str] = []
     """Compaction strategies to play the demonstrations under, each an equal share (e.g.
     ["tool", "summarize"]: one warm start that knows both); empty: the config's."""
@@ -283,9 +286,10 @@ def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str |
             from agentrl.curriculum.recall import recall_rows
         ordinary = tokenizer.raw.get_vocab_size(with_added_tokens=False)
         if ws.copy_steps or ws.copy_rows:
-            from agentrl.train.copy_pretrain import copy_pretrain, copy_rows
+            from agentrl.train.copy_pretrain import copy_pretrain, generic_rows
         if ws.copy_steps:
-            copy_pretrain(model, ordinary, ws.copy_steps, ws.copy_lr, ws.seed, log)
+            copy_pretrain(model, ordinary, ws.copy_steps, ws.copy_lr, ws.seed, log,
+                          keyed_steps=ws.keyed_steps)
         rollouts = demonstrations_under(config, ws, tokenizer, policies, log)
         rows = to_rows(rollouts)
         log(f"{len(rollouts)} demonstrations, {len(rows)} rows, "
@@ -302,7 +306,7 @@ def warm_start(config: Config, out: str | Path, ws: WarmStartConfig, base: str |
             if ws.recall_rows:
                 batch += recall_rows(rng, tokenizer.encode, ws.recall_rows)
             if ws.copy_rows:
-                batch += copy_rows(rng, ordinary, ws.copy_rows)
+                batch += generic_rows(rng, ordinary, ws.copy_rows)
             loss = sft_step(model, batch, optimizer, budget)
             if step % 50 == 0 or step == ws.num_steps - 1:
                 log(f"sft step {step}: loss {loss:.4f} per generated token, "

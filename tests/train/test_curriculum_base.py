@@ -89,6 +89,14 @@ def test_the_cli_builds_the_curriculum_base_with_the_generic_bases_depth(monkeyp
     with pytest.raises(Exception, match="add --base new or --base curriculum"):
         command.resolve_base(parser.parse_args(["c.toml", "--out", "x", "--base", "assets/b",
                                                 "--num-layers", "3"]))
+    args = parser.parse_args([str(config), "--out", "x", "--base", "curriculum",
+                              "--keyed-steps", "40", "--copy-rows", "2"])
+    assert command.run(args) == 0
+    assert seen["ws"].keyed_steps == 40 and seen["ws"].copy_rows == 2
+    stage = fitted_base.curriculum_stage(seen["ws"])  # the keyed stage follows its copy stage
+    assert stage.keyed_steps == 40 and stage.copy_steps == fitted_base.RECIPE.copy_steps
+    with pytest.raises(Exception, match="--keyed-steps 40 follows the copy steps"):
+        command.run(parser.parse_args([str(config), "--out", "x", "--keyed-steps", "40"]))
 
 
 def test_check_env_measures_with_the_tokenizer_the_curriculum_base_will_have() -> None:

@@ -134,8 +134,8 @@ def test_recall_rows_join_every_step_beside_the_demonstrations(tmp_path, monkeyp
 
 def test_copy_rows_join_every_step_beside_the_demonstrations(tmp_path, monkeypatch) -> None:
     """--copy-rows N: every SFT step also trains N rows of the copy pretraining's task (a
-    span of ordinary token ids repeated after a gap, trained on the repeat only), so that
-    the demonstrations do not overwrite the copy circuit."""
+    span of ordinary token ids repeated after a gap, trained on the repeat only) and N
+    keyed recall rows, so that the demonstrations do not overwrite those circuits."""
     import agentrl.train.sft as sft
     from agentrl.train.sft import WarmStartConfig, warm_start
 
@@ -156,7 +156,9 @@ def test_copy_rows_join_every_step_beside_the_demonstrations(tmp_path, monkeypat
     assert len(steps) == 3
     for rows in steps:
         copies = [r for r in rows if r.env == "copy"]
-        assert len(copies) == 4 and len(rows) == 6
+        keyed = [r for r in rows if r.env == "keyed"]
+        assert len(copies) == 4 and len(keyed) == 4 and len(rows) == 10
+        assert all(max(r.token_ids) < ordinary and sum(r.loss_mask) >= 2 for r in keyed)
         for row in copies:
             repeat = [t for t, m in zip(row.token_ids, row.loss_mask, strict=True) if m]
             assert repeat and row.token_ids[:len(repeat)] == repeat
