@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,9 +103,9 @@ def test_sft_step_runs_the_head_at_generated_tokens_only_with_the_plain_loss(tmp
         torch.testing.assert_close(p.grad, g * scale, rtol=1e-4, atol=1e-6)
 
 
-def test_recall_rows_join_every_step_beside_the_demonstrations(tmp_path, monkeypatch) -> None:
-    """--recall-rows N: every SFT step trains its demonstration rows plus N recall rows,
-    tokenized with the model's tokenizer and trained on their answers only."""
+def _trained_steps(tmp_path: Path, monkeypatch, **extra: int) -> tuple[list[list], Path]:
+    """The rows of every step of a 3-step warm start of a tiny model on Countdown (2
+    demonstration rows a step) with ``extra`` warm-start settings; and the base folder."""
     import agentrl.train.sft as sft
     from agentrl.train.sft import WarmStartConfig, warm_start
 
@@ -119,9 +120,16 @@ def test_recall_rows_join_every_step_beside_the_demonstrations(tmp_path, monkeyp
     real_step = sft.sft_step
     monkeypatch.setattr(sft, "sft_step", lambda model, rows, *a: steps.append(rows) or
                         real_step(model, rows, *a))
-    ws = WarmStartConfig(num_steps=3, rows_per_step=2, num_demonstrations=4, recall_rows=5)
+    ws = WarmStartConfig(num_steps=3, rows_per_step=2, num_demonstrations=4, **extra)
     warm_start(config, tmp_path / "out", ws, base=str(base), log=lambda _: None)
     assert len(steps) == 3
+    return steps, base
+
+
+def test_recall_rows_join_every_step_beside_the_demonstrations(tmp_path, monkeypatch) -> None:
+    """--recall-rows N: every SFT step trains its demonstration rows plus N recall rows,
+    tokenized with the model's tokenizer and trained on their answers only."""
+    steps, base = _trained_steps(tmp_path, monkeypatch, recall_rows=5)
     tokenizer = load_tokenizer(base)
     for rows in steps:
         recall = [r for r in rows if r.env == "recall"]
@@ -136,24 +144,8 @@ def test_copy_rows_join_every_step_beside_the_demonstrations(tmp_path, monkeypat
     """--copy-rows N: every SFT step also trains N rows of the copy pretraining's task (a
     span of ordinary token ids repeated after a gap, trained on the repeat only) and N
     keyed recall rows, so that the demonstrations do not overwrite those circuits."""
-    import agentrl.train.sft as sft
-    from agentrl.train.sft import WarmStartConfig, warm_start
-
-    config = config_from_dict({
-        "environments": [{"id": "agentrl/Countdown-v0",
-                          "kwargs": {"num_numbers": 2, "max_number": 9}}],
-        "batch": {"rollout_batch_size": 2, "n_samples_per_prompt": 1, "global_batch_size": 2},
-    })
-    base = build_tiny_checkpoint(tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2,
-                                 num_kv_heads=1, vocab_size=300)
-    steps: list[list] = []
-    real_step = sft.sft_step
-    monkeypatch.setattr(sft, "sft_step", lambda model, rows, *a: steps.append(rows) or
-                        real_step(model, rows, *a))
-    ws = WarmStartConfig(num_steps=3, rows_per_step=2, num_demonstrations=4, copy_rows=4)
-    warm_start(config, tmp_path / "out", ws, base=str(base), log=lambda _: None)
+    steps, base = _trained_steps(tmp_path, monkeypatch, copy_rows=4)
     ordinary = load_tokenizer(base).raw.get_vocab_size(with_added_tokens=False)
-    assert len(steps) == 3
     for rows in steps:
         copies = [r for r in rows if r.env == "copy"]
         keyed = [r for r in rows if r.env == "keyed"]
