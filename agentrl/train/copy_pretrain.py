@@ -18,7 +18,7 @@ Copying is not lookup. A fact line puts tokens between a name and its value (``s
 lookup on random tokens: ``key separator value`` lines, the separator shared by a row's
 lines, then each key with its separator, trained on the value (``--keyed-steps N``,
 after the copy steps). A 4-layer model (hidden 128) trained on 2-token separators from
-the start stayed confidently wrong over 5,000 steps (loss 4.6-5.1 per value); with the
+the start stayed confidently wrong over 4,000 steps (loss 4.6-5.1 per value); with the
 separator growing, one token first, it learns in a few hundred steps per length
 (measured: 1 token 0.26 after 250 steps, 2 tokens 0.8-1.4 after 1,000, 3 tokens falling).
 """
