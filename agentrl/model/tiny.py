@@ -39,6 +39,14 @@ QWEN2_PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
+FIT_PRETOKENIZE_REGEX = QWEN2_PRETOKENIZE_REGEX.replace(
+    r"[^\r\n\p{L}\p{N}]?\p{L}+", r"[^\S\r\n]?\p{L}+|[^\s\p{L}\p{N}](?=\p{L})")
+"""The pre-tokenizer the merges are fitted with: Qwen2's, except that a punctuation mark
+never joins the word after it (a space still does). Qwen2's own pipeline then splits
+``<answer>owl`` into ``<answer``, ``>`` and the very ``owl`` of a page's line, where merges
+fitted on it would make ``>owl`` a token of its own: a third form of the name that a small
+model must learn to pair with ``owl`` and `` owl`` before it can copy a fact into an
+answer."""
 TINY_MAX_POSITIONS = 4096
 """max_position_embeddings of the tiny built-in checkpoints (the default of
 ``build_tiny_checkpoint``)."""
@@ -114,12 +122,7 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int,
     # Qwen2's pipeline exactly: transformers' Qwen2Tokenizer rebuilds it from the vocab, so
     # any other pipeline would tokenize differently there (and in vLLM) than here.
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    tok.pre_tokenizer = _byte_level_split(FIT_PRETOKENIZE_REGEX)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - num_added,
@@ -127,10 +130,19 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int,
         show_progress=False,
     )
     tok.train_from_iterator(list(corpus), trainer=trainer)
+    tok.pre_tokenizer = _byte_level_split(QWEN2_PRETOKENIZE_REGEX)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t in layout.special_tokens])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in layout.added_tokens])
     return tok
+
+
+def _byte_level_split(regex: str) -> pre_tokenizers.PreTokenizer:
+    """Split by ``regex``, then map bytes to BPE's printable alphabet."""
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
 
 
 def tokenizer_config(tok: Tokenizer, max_length: int, chat_template: str = "qwen2.5",

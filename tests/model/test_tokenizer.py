@@ -175,3 +175,19 @@ def test_tiny_checkpoint_is_deterministic(tmp_path):
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
+
+
+def test_a_punctuation_mark_never_joins_the_word_after_it(tmp_path):
+    """Fitted on text where ``<answer>owl`` is common, the merges still leave ``owl`` the
+    token it is at a line's start (``>owl`` would be a third form of the name to learn),
+    and the folder keeps Qwen2's pipeline: transformers encodes it the same."""
+    lines = ["<answer>owl = 6</answer>", "(owl) [owl] 'owl' \"owl\"", "What is owl?",
+             "\nowl: 6\n", "<tool_call>\n{\"name\": \"read\"}\n</tool_call>"]
+    folder = build_tiny_checkpoint(tmp_path, corpus=lines * 200, vocab_size=400)
+    ours, ref = load_tokenizer(folder), transformers.AutoTokenizer.from_pretrained(folder)
+    (owl,) = ours.encode("owl")
+    assert len(ours.encode(" owl")) == 1  # a space still joins the word
+    for text in ("<answer>owl", "(owl)", "[owl]", "'owl'", '"owl"', "\nowl"):
+        ids = ours.encode(text)
+        assert owl in ids, (text, [ours.decode([i]) for i in ids])
+        assert ids == ref.encode(text, add_special_tokens=False)
