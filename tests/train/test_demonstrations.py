@@ -125,7 +125,7 @@ def test_summaries_are_demonstrated_and_keep_every_entry(tokenizer, strategy):
     cfg = config({"id": "agentrl/Ledger-v0", "name": "ledger",
                   "kwargs": {"num_pages": 6, "num_facts": 3, "filler_words": 6}},
                  rollout={"max_new_tokens": 96, "max_turns": 30, "max_rollout_tokens": 4000},
-                 compaction={"strategy": strategy, "max_context_tokens": 900,
+                 compaction={"strategy": strategy, "max_context_tokens": 800,
                              "keep_last_turns": 0, "max_compactions": 12,
                              "summary_max_tokens": 96})
     rollouts, _ = play(cfg, tokenizer, 3)
