@@ -39,3 +39,17 @@ def test_the_summary_gives_each_arms_gain_survival_and_the_gap(tmp_path, capsys)
     assert summary["difference"]["diff"] == pytest.approx(0.5 - 0.125)
     bench.print_summary(summary)
     assert "gain(train) - gain(mask): +0.375" in capsys.readouterr().out
+
+
+def test_the_warm_start_keeps_the_copy_circuit_and_takes_another_base(tmp_path, monkeypatch):
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(bench, "agentrl", lambda *argv: calls.append(argv))
+    bench.warm_start(tmp_path, False, ["--base", "runs/other-base"])
+    (argv,) = calls
+    assert argv[:2] == ("sft", str(bench.CONFIG))
+    assert argv[argv.index("--copy-rows") + 1] == "8"
+    assert argv[-2:] == ("--base", "runs/other-base")
+    (tmp_path / "warm-start").mkdir()
+    (tmp_path / "warm-start" / "config.json").write_text("{}")
+    bench.warm_start(tmp_path, False, [])  # an existing warm start is reused
+    assert len(calls) == 1
