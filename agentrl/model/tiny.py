@@ -43,7 +43,7 @@ FIT_PRETOKENIZE_REGEX = QWEN2_PRETOKENIZE_REGEX.replace(
     r"[^\r\n\p{L}\p{N}]?\p{L}+", r"[^\S\r\n]?\p{L}+|[^\s\p{L}\p{N}](?=\p{L})")
 """The pre-tokenizer the merges are fitted with: Qwen2's, except that a punctuation mark
 never joins the word after it (a space still does). Qwen2's own pipeline then splits
-``<answer>owl`` into ``<answer``, ``>`` and the very ``owl`` of a page's line, where merges
+``<answer>owl`` into ``<``, ``answer``, ``>`` and the very ``owl`` of a page's line, where merges
 fitted on it would make ``>owl`` a token of its own: a third form of the name that a small
 model must learn to pair with ``owl`` and `` owl`` before it can copy a fact into an
 answer."""
