@@ -28,8 +28,9 @@ def test_checkpointing_chunks_micro_batches_and_resume_change_no_weight(tmp_path
     start = _weights(model_dir)
     assert any(not torch.equal(start[n], a[n]) for n in a)  # the runs really trained
     for name in a:  # 4 AdamW updates at lr 1e-2 amplify the reordered float sums a little
-        if name.endswith("k_proj.bias"):
-            # its exact gradient is 0 (softmax ignores a shift shared by every key), so
-            # AdamW turns float noise into steps of any size; the sums' order decides them
-            continue
-        torch.testing.assert_close(b[name], a[name], atol=1e-5, rtol=1e-4, msg=name)
+        # the key bias's gradient is nearly 0 (softmax ignores a shift shared by every key;
+        # only RoPE's rotation makes it differ by position), so the sums' order is a large
+        # part of it and AdamW's normalised steps carry that noise: a looser bound there,
+        # still far below the 4e-2 that 4 steps at lr 1e-2 could move it
+        atol = 1e-3 if name.endswith("k_proj.bias") else 1e-5
+        torch.testing.assert_close(b[name], a[name], atol=atol, rtol=1e-4, msg=name)
