@@ -30,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--demo", action="store_true",
                         help="collect a small batch with compaction using the tiny model")
     parser.add_argument("--save", metavar="PATH", help="with --demo: also write the batch")
-    parser.add_argument("--estimator", default="grpo", choices=["grpo", "rloo", "dr_grpo"])
+    parser.add_argument("--estimator", default="grpo", choices=["grpo", "rloo", "dr_grpo"],
+                        help="the advantage estimator the batch is described with "
+                             "(default grpo)")
     parser.add_argument("--scale-by-std", action="store_true",
                         help="grpo only: divide advantages by the group's std")
 

@@ -15,6 +15,26 @@ NEW_MODEL_ONLY = ("hidden_size", "num_layers", "vocab_size", "chat_template")
 """Options that shape a new tiny model: they need ``--base new`` or ``--base curriculum``."""
 
 
+INT_OPTIONS = {
+    "num_steps": "optimizer steps of supervised training",
+    "rows_per_step": "trainable rows per optimizer step",
+    "num_demonstrations": "demonstration rollouts played, each environment by its weight",
+    "warmup_steps": "steps of linear lr warm-up",
+    "copy_steps": "steps of copy pretraining before the demonstrations (a new model that "
+                  "must carry facts: ~2,000 form the circuit)",
+    "keyed_steps": "steps of keyed recall (a value a few tokens after its key) after the "
+                   "copy steps",
+    "recall_rows": "recall rows (facts, then questions answered by name) beside every step",
+    "copy_rows": "copy rows and keyed recall rows beside every step, so the demonstrations "
+                 "keep the copy circuit",
+    "seed": "seed of the demonstrations, the new model and the row order",
+}
+"""``agentrl sft``'s integer knobs (``WarmStartConfig`` fields) and their help."""
+
+NEW_MODEL_HELP = {"hidden_size": "width", "num_layers": "decoder layers",
+                  "vocab_size": "fitted tokenizer's vocabulary size"}
+
+
 def resolve_base(args: argparse.Namespace) -> str | None:
     """The folder to start from (None: a new tiny model); a one-line error when a new
     model's option comes with a base, or the generic base is missing."""
@@ -57,12 +77,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "environments' demonstrate() policies")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override one config setting")
-    for name in ("num_steps", "rows_per_step", "num_demonstrations", "warmup_steps",
-                 "copy_steps", "keyed_steps", "recall_rows", "copy_rows", "seed"):
+    for name, text in INT_OPTIONS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=int,
-                            default=getattr(defaults, name), dest=name)
+                            default=getattr(defaults, name), dest=name,
+                            help=f"{text} (default {getattr(defaults, name)})")
     for name in NEW_MODEL_ONLY[:3]:  # None: not given (they shape a --base new model only)
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, dest=name)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, dest=name,
+                            help=f"{NEW_MODEL_HELP[name]} of a new tiny model (--base new or "
+                                 f"curriculum; default {getattr(defaults, name)})")
     parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
     parser.add_argument("--copy-lr", type=float, default=defaults.copy_lr, dest="copy_lr",
                         help="learning rate of the copy pretraining (--copy-steps)")

@@ -127,3 +127,17 @@ def test_a_config_with_its_own_drill_keeps_it_apart_from_the_curriculum_drills()
     assert mix.environments[1].kwargs == fitted_base.DRILLS.kwargs
     assert mix.environments[0].weight / sum(e.weight for e in mix.environments) \
         == pytest.approx(fitted_base.ENV_SHARE)
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """`agentrl CMD --help` explains each flag; sft's integer knobs name their default."""
+    import argparse
+
+    from agentrl.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    silent = [(name, action.dest) for name, parser in sub.choices.items()
+              for action in parser._actions if not action.help]
+    assert silent == []
+    sft_help = sub.choices["sft"].format_help()
+    assert "optimizer steps of supervised training (default 300)" in " ".join(sft_help.split())
