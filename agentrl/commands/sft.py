@@ -56,6 +56,7 @@ def resolve_base(args: argparse.Namespace) -> str | None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments: config, output folder, and the warm-start knobs."""
+    from agentrl.curriculum.fitted_base import LAYERS
     from agentrl.train.sft import WarmStartConfig
 
     defaults = WarmStartConfig()
@@ -82,9 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             default=getattr(defaults, name), dest=name,
                             help=f"{text} (default {getattr(defaults, name)})")
     for name in NEW_MODEL_ONLY[:3]:  # None: not given (they shape a --base new model only)
+        default = str(getattr(defaults, name))
+        if name == "num_layers":  # the curriculum base takes the generic base's depth
+            default += f" with --base new, {LAYERS} with --base curriculum"
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, dest=name,
                             help=f"{NEW_MODEL_HELP[name]} of a new tiny model (--base new or "
-                                 f"curriculum; default {getattr(defaults, name)})")
+                                 f"curriculum; default {default})")
     parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
     parser.add_argument("--copy-lr", type=float, default=defaults.copy_lr, dest="copy_lr",
                         help="learning rate of the copy pretraining (--copy-steps)")
