@@ -42,6 +42,7 @@ def test_the_summary_gives_each_arms_gain_survival_and_the_gap(tmp_path, capsys)
 
 
 def test_the_warm_start_keeps_the_copy_circuit_and_takes_another_base(tmp_path, monkeypatch):
+    """The warm start runs `agentrl sft` with 8 copy rows and any --base, once per folder."""
     calls: list[tuple[str, ...]] = []
     monkeypatch.setattr(bench, "agentrl", lambda *argv: calls.append(argv))
     bench.warm_start(tmp_path, False, ["--base", "runs/other-base"])
